@@ -1,0 +1,116 @@
+"""The ``specdeploy`` command line."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import SpecdeployError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Deploy an MoE model with an EAGLE-3 drafter on vLLM or SGLang, and prove it pays.")
+engine_app = typer.Typer(no_args_is_help=True, help="Engine command lines.")
+schema_app = typer.Typer(no_args_is_help=True, help="The inventory schema: docs and Ansible argument specs.")
+app.add_typer(engine_app, name="engine")
+app.add_typer(schema_app, name="schema")
+
+out = Console()
+err = Console(stderr=True)
+
+InvOpt = typer.Option(..., "-i", "--inventory", help="Ansible inventory directory or file.")
+ExtraOpt = typer.Option(None, "-e", "--extra-vars", help="KEY=VALUE or @file.yml, like ansible-playbook -e.")
+
+
+def _fail(exc: SpecdeployError, code: int = 2):
+    for p in exc.problems:
+        print(p.line(), file=sys.stderr)
+    raise typer.Exit(code)
+
+
+@app.command("plan")
+def plan_cmd(inventory: str = InvOpt, limit: Optional[str] = typer.Option(None, "--limit"),
+             extra_vars: Optional[List[str]] = ExtraOpt,
+             out_dir: Optional[Path] = typer.Option(None, "--out", help="Write the rendered files here."),
+             as_json: bool = typer.Option(False, "--json")):
+    """Render, for every host, the units, environment, command line and scrape config a deploy installs."""
+    from .inventory import parse_extra_vars
+    from .plan import plan, write_out
+    try:
+        _, plans, prom = plan(inventory, limit, parse_extra_vars(extra_vars))
+    except SpecdeployError as exc:
+        _fail(exc)
+    if out_dir:
+        write_out(out_dir, plans, prom)
+    if as_json:
+        print(json.dumps({"hosts": {h: p.to_dict() for h, _, p in plans}, "prometheus": prom}, indent=2))
+        return
+    for host, addr, p in plans:
+        t = Table(title=f"{host} ({addr})", show_header=False)
+        for k, v in [("engine", f"{p.engine} {p.version}"), ("runtime", p.runtime), ("image", p.image or "-"),
+                     ("tensor parallel", str(p.tp)), ("speculation", "on" if p.spec else "off"),
+                     ("drafter (converted)", p.drafter_path or "-"), ("NCCL", p.nccl_source),
+                     ("NCCL env", " ".join(f"{k}={v}" for k, v in p.env.items() if k.startswith("NCCL_")) or "-"),
+                     ("ports", ", ".join(f"{k} {v}" for k, v in p.ports.items())),
+                     ("units", f"{p.engine_unit}, {p.exporter_unit}")]:
+            t.add_row(k, v)
+        out.print(t)
+        out.print("[bold]command[/]: " + " ".join(p.argv), soft_wrap=True, markup=True, highlight=False)
+    if out_dir:
+        out.print(f"wrote files under {out_dir}")
+
+
+@engine_app.command("argv")
+def engine_argv(inventory: str = InvOpt, host: str = typer.Option(..., "--host"),
+                extra_vars: Optional[List[str]] = ExtraOpt, as_json: bool = typer.Option(False, "--json")):
+    """Print the exact engine command and environment for HOST."""
+    import shlex
+    from .inventory import load, parse_extra_vars
+    from .nccl_env import resolve
+    from .render import engine_command
+    try:
+        inv = load(inventory, limit=host, extra=parse_extra_vars(extra_vars))
+        h = inv.host(host)
+    except SpecdeployError as exc:
+        _fail(exc)
+    _, cmd = engine_command(h.hv)
+    env, _ = resolve(h.hv)
+    env.update(cmd.env)
+    env.update(h.hv.specdeploy_engine_env)
+    if as_json:
+        print(json.dumps({"argv": cmd.argv, "env": env}, indent=2))
+    else:
+        for k, v in env.items():
+            print(f"{k}={shlex.quote(v)} \\")
+        print(" ".join(shlex.quote(a) for a in cmd.argv))
+
+
+@schema_app.command("docs")
+def schema_docs():
+    """Print the variable reference (docs/variables.md)."""
+    from .schema_docs import variables_markdown
+    sys.stdout.write(variables_markdown())
+
+
+@schema_app.command("argspec")
+def schema_argspec(role: str = typer.Argument(..., help="Role name")):
+    """Print a role's meta/argument_specs.yml, generated from the schema."""
+    from .schema_docs import argument_specs_yaml
+    sys.stdout.write(argument_specs_yaml(role))
+
+
+def main():
+    try:
+        app()
+    except SpecdeployError as exc:  # any command that did not catch its own
+        for p in exc.problems:
+            print(p.line(), file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

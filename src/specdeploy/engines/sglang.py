@@ -1,0 +1,118 @@
+"""SGLang adapter (0.5.x up to 0.5.23)."""
+from __future__ import annotations
+
+from ..errors import Finding
+from . import Command, EngineAdapter, Health, Metrics, Span
+
+VERSIONS = (
+    "0.5.1", "0.5.1.post1", "0.5.1.post2", "0.5.1.post3", "0.5.2", "0.5.3", "0.5.3.post1", "0.5.3.post2",
+    "0.5.3.post3", "0.5.4", "0.5.4.post1", "0.5.4.post2", "0.5.4.post3", "0.5.5", "0.5.5.post1",
+    "0.5.5.post2", "0.5.5.post3", "0.5.6", "0.5.6.post1", "0.5.6.post2", "0.5.7", "0.5.8", "0.5.8.post1",
+    "0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1",
+    "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21",
+    "0.5.22", "0.5.23",
+)
+
+CAPABILITIES = {
+    # KimiK25ForConditionalGeneration delegates set_eagle3_layers_to_capture to its language model
+    # (first seen in the 0.5.10 wheel; absent in 0.5.9).
+    "kimi_eagle3": Span("0.5.10"),
+    # --config YAML file: lets the API key stay off the command line.
+    "config_file": Span("0.5.10"),
+}
+
+FLAGS = {f: Span() for f in (
+    "--model-path", "--served-model-name", "--host", "--port", "--tp-size", "--ep-size", "--context-length",
+    "--mem-fraction-static", "--trust-remote-code", "--enable-metrics", "--disable-custom-all-reduce",
+    "--attention-backend", "--speculative-algorithm", "--speculative-draft-model-path",
+    "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+    "--config", "--kv-cache-dtype", "--max-running-requests", "--chunked-prefill-size",
+    "--tool-call-parser", "--reasoning-parser", "--cuda-graph-max-bs", "--watchdog-timeout",
+    "--dist-timeout", "--page-size", "--moe-runner-backend", "--speculative-draft-model-quantization")}
+
+ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "mtp": "NEXTN", "ngram": "NGRAM"}
+
+
+class SGLang(EngineAdapter):
+    name = "sglang"
+    versions = VERSIONS
+    capabilities = CAPABILITIES
+    flags = FLAGS
+    launch_hint = "python -m sglang.launch_server --help"
+    health = Health(
+        liveness="/health",
+        readiness="/health_generate",
+        meaning="/health and /health_generate return 503 while the server is starting; once started they "
+                "run a one-token generation and return 200 only if it completes within "
+                "SGLANG_HEALTH_CHECK_TIMEOUT, so a wedged GPU loop reads as unhealthy.",
+    )
+    metrics = Metrics(
+        spec_gauges={
+            "acceptance_length": "sglang:spec_accept_length",
+            "acceptance_rate": "sglang:spec_accept_rate",
+        },
+        serving={
+            "ttft": "sglang:time_to_first_token_seconds",
+            "itl": "sglang:inter_token_latency_seconds",
+            "generation_tokens": "sglang:generation_tokens_total",
+            "prompt_tokens": "sglang:prompt_tokens_total",
+            "running": "sglang:num_running_reqs",
+            "waiting": "sglang:num_queue_reqs",
+            "kv_cache": "sglang:token_usage",
+        },
+    )
+
+    def spec_config_problems(self, hv, host):
+        out = []
+        for key in hv.specdeploy_spec_config_extra:
+            flag = "--speculative-" + key.replace("_", "-").removeprefix("speculative-")
+            if not self.flag_exists(flag):
+                out.append(Finding("error", f"specdeploy_spec_config_extra.{key}",
+                                   f"SGLang {self.version} has no {flag} flag specdeploy knows",
+                                   "use num_steps, eagle_topk, num_draft_tokens, draft_model_quantization "
+                                   "or pass the flag in specdeploy_engine_extra_args", host))
+        return out
+
+    def spec_flags(self, hv, drafter_path):
+        k = hv.specdeploy_spec_num_tokens
+        extra = {key.removeprefix("speculative_"): v for key, v in hv.specdeploy_spec_config_extra.items()}
+        topk = int(extra.pop("eagle_topk", 1))
+        steps = int(extra.pop("num_steps", k))
+        draft_tokens = int(extra.pop("num_draft_tokens", steps + 1 if topk == 1 else k + 1))
+        argv = ["--speculative-algorithm", ALGORITHMS[hv.specdeploy_spec_method]]
+        if drafter_path and hv.specdeploy_spec_method in ("eagle3", "eagle"):
+            argv += ["--speculative-draft-model-path", drafter_path]
+        if hv.specdeploy_spec_method != "ngram":
+            argv += ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
+                     "--speculative-num-draft-tokens", str(draft_tokens)]
+        for key, v in extra.items():
+            argv += ["--speculative-" + key.replace("_", "-"), str(v)]
+        return argv
+
+    def command(self, hv, drafter_path=None) -> Command:
+        argv = ["python", "-m", "sglang.launch_server",
+                "--model-path", hv.specdeploy_model_path,
+                "--served-model-name", hv.served_model_name,
+                "--host", hv.specdeploy_bind_address,
+                "--port", str(hv.specdeploy_port),
+                "--tp-size", str(hv.tp),
+                "--mem-fraction-static", str(hv.specdeploy_gpu_memory_utilization),
+                "--enable-metrics"]
+        if hv.specdeploy_expert_parallel:
+            argv += ["--ep-size", str(hv.tp)]
+        if hv.specdeploy_max_model_len:
+            argv += ["--context-length", str(hv.specdeploy_max_model_len)]
+        if hv.specdeploy_trust_remote_code:
+            argv.append("--trust-remote-code")
+        backend = self.resolved(hv, "attention_backend")
+        if backend:
+            argv += ["--attention-backend", backend]
+        if self.resolved(hv, "disable_custom_all_reduce"):
+            argv.append("--disable-custom-all-reduce")
+        if hv.specdeploy_spec_enabled:
+            argv += self.spec_flags(hv, drafter_path)
+        if hv.specdeploy_api_key_file:
+            # The key lives in a 0600 YAML file handed over by systemd's LoadCredential=.
+            argv += ["--config", "${CREDENTIALS_DIRECTORY}/sglang-api-key.yaml"]
+        argv += list(hv.specdeploy_engine_extra_args)
+        return Command(argv=argv, env={}, secret_env={})

@@ -1,0 +1,141 @@
+"""vLLM adapter (0.16.0 through 0.33.0)."""
+from __future__ import annotations
+
+from ..errors import Finding
+from . import Command, EngineAdapter, Health, Metrics, Span, dumps_compact
+
+VERSIONS = (
+    "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2",
+    "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1",
+    "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
+)
+
+CAPABILITIES = {
+    # Kimi-K2.5/DeepSeek as EAGLE-3 target without patches (whitelist, media_placeholder_token_id,
+    # SupportsEagle3 on DeepseekV2ForCausalLM and KimiK25ForConditionalGeneration).
+    "kimi_eagle3_upstream": Span("0.18.0"),
+    # The speculative config's hard-coded EAGLE-3 target model_type list.
+    "eagle3_target_whitelist": Span(None, "0.22.0"),
+    # Eagle3DeepseekV2/V3ForCausalLM (MLA drafter heads).
+    "mla_eagle3_drafter": Span("0.18.0"),
+    "language_model_only": Span("0.17.0"),
+    "api_key_env": Span(),  # VLLM_API_KEY
+}
+
+# Speculative-config keys a user may set, with the versions that accept them. Internal fields
+# (target_model_config, draft_parallel_config, ...) are not listed. Contract tests check this table
+# against SpeculativeConfig of every tested release.
+SPEC_KEYS = {
+    **{k: Span() for k in (
+        "method", "model", "num_speculative_tokens", "draft_tensor_parallel_size", "quantization",
+        "max_model_len", "revision", "code_revision", "enforce_eager", "disable_padded_drafter_batch",
+        "parallel_drafting", "prompt_lookup_max", "prompt_lookup_min", "suffix_decoding_max_cached_requests",
+        "suffix_decoding_max_spec_factor", "suffix_decoding_max_tree_depth", "suffix_decoding_min_token_prob")},
+    "disable_by_batch_size": Span(None, "0.17.0"),
+    "speculative_token_tree": Span(None, "0.21.0"),
+    "draft_load_config": Span("0.17.0"),
+    "use_local_argmax_reduction": Span("0.17.0"),
+    "rejection_sample_method": Span("0.18.0"),
+    "num_speculative_tokens_per_batch_size": Span("0.24.0"),
+    # Present in 0.33.0; the first release is not pinned down, so only 0.33.0 is claimed.
+    **{k: Span("0.33.0") for k in (
+        "attention_backend", "moe_backend", "kv_cache_dtype", "disable_eagle_block_drop",
+        "disable_lookahead_block_hashes", "draft_lm_head_quantization", "use_heterogeneous_vocab",
+        "index_share_for_mtp_iteration", "draft_sample_method", "synthetic_acceptance_rates",
+        "synthetic_acceptance_length")},
+}
+
+FLAGS = {
+    **{f: Span() for f in (
+        "--served-model-name", "--host", "--port", "--tensor-parallel-size", "--enable-expert-parallel",
+        "--max-model-len", "--gpu-memory-utilization", "--trust-remote-code", "--attention-backend",
+        "--disable-custom-all-reduce", "--speculative-config", "--kv-cache-dtype", "--max-num-seqs",
+        "--max-num-batched-tokens", "--enable-prefix-caching", "--tool-call-parser", "--reasoning-parser",
+        "--enable-auto-tool-choice", "--mm-encoder-tp-mode", "--limit-mm-per-prompt",
+        "--compilation-config", "--data-parallel-size", "--enable-eplb", "--load-format",
+        "--enforce-eager")},
+    "--language-model-only": Span("0.17.0"),
+}
+
+SPEC_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
+
+
+class VLLM(EngineAdapter):
+    name = "vllm"
+    versions = VERSIONS
+    capabilities = CAPABILITIES
+    flags = FLAGS
+    launch_hint = "vllm serve --help=all"
+    health = Health(
+        liveness="/health",
+        readiness="/health",
+        meaning="The API server listens only after the model is loaded; /health returns 200 while the "
+                "engine core is alive and 503 once it has died (the process may still exit 0).",
+    )
+    metrics = Metrics(
+        spec_counters={
+            "drafts": "vllm:spec_decode_num_drafts_total",
+            "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+            "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+            "accepted_tokens_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        },
+        serving={
+            "ttft": "vllm:time_to_first_token_seconds",
+            "itl": "vllm:inter_token_latency_seconds",
+            "generation_tokens": "vllm:generation_tokens_total",
+            "prompt_tokens": "vllm:prompt_tokens_total",
+            "running": "vllm:num_requests_running",
+            "waiting": "vllm:num_requests_waiting",
+            "kv_cache": "vllm:kv_cache_usage_perc",
+        },
+    )
+
+    def spec_config(self, hv, drafter_path: str | None) -> dict:
+        cfg = {"method": SPEC_METHODS[hv.specdeploy_spec_method],
+               "num_speculative_tokens": hv.specdeploy_spec_num_tokens}
+        if drafter_path and hv.specdeploy_spec_method in ("eagle3", "eagle", "mtp"):
+            cfg["model"] = drafter_path
+        cfg.update(hv.specdeploy_spec_config_extra)
+        return cfg
+
+    def spec_config_problems(self, hv, host):
+        out = []
+        for key in hv.specdeploy_spec_config_extra:
+            span = SPEC_KEYS.get(key)
+            if span is None or not span.contains(self.version):
+                if span is not None and span.until:
+                    why = f"was removed in vLLM {span.until}"
+                elif span is not None:
+                    why = f"exists only from vLLM {span.since}"
+                else:
+                    why = "is not a SpeculativeConfig key"
+                valid = sorted(k for k, s in SPEC_KEYS.items() if s.contains(self.version))
+                out.append(Finding("error", f"specdeploy_spec_config_extra.{key}",
+                                   f"'{key}' {why}; vLLM {self.version} rejects unknown keys at startup",
+                                   f"remove it; keys valid on {self.version}: {', '.join(valid)}", host))
+        return out
+
+    def command(self, hv, drafter_path=None) -> Command:
+        argv = ["vllm", "serve", hv.specdeploy_model_path,
+                "--served-model-name", hv.served_model_name,
+                "--host", hv.specdeploy_bind_address,
+                "--port", str(hv.specdeploy_port),
+                "--tensor-parallel-size", str(hv.tp),
+                "--gpu-memory-utilization", str(hv.specdeploy_gpu_memory_utilization)]
+        if hv.specdeploy_expert_parallel:
+            argv.append("--enable-expert-parallel")
+        if hv.specdeploy_max_model_len:
+            argv += ["--max-model-len", str(hv.specdeploy_max_model_len)]
+        if hv.specdeploy_trust_remote_code:
+            argv.append("--trust-remote-code")
+        backend = self.resolved(hv, "attention_backend")
+        if backend:
+            argv += ["--attention-backend", backend]
+        if self.resolved(hv, "disable_custom_all_reduce"):
+            argv.append("--disable-custom-all-reduce")
+        if hv.specdeploy_spec_enabled:
+            argv += ["--speculative-config", dumps_compact(self.spec_config(hv, drafter_path))]
+        argv += list(hv.specdeploy_engine_extra_args)
+        env = {"VLLM_NO_USAGE_STATS": "1"}
+        secret = {"VLLM_API_KEY": "api_key"} if hv.specdeploy_api_key_file else {}
+        return Command(argv=argv, env=env, secret_env=secret)

@@ -1,0 +1,119 @@
+"""Hardware profiles: what a host is, and the defaults that follow from it.
+
+Every NCCL variable a profile sets carries the reason it changes behaviour on that hardware; variables that
+NCCL documents as debugging-only and that do not change behaviour on the hardware are left out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    value: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    description: str
+    gpu_count: int
+    gpu_memory_gib: float
+    compute_capability: str
+    interconnect: Literal["pcie", "nvlink"]
+    nvswitch: bool
+    fabric_manager: bool
+    nccl_env: dict[str, EnvVar] = field(default_factory=dict)
+    # engine -> setting -> value; read by the engine adapters, never by templates.
+    engine_defaults: dict[str, dict[str, object]] = field(default_factory=dict)
+
+    @property
+    def sm(self) -> int:
+        major, minor = self.compute_capability.split(".")
+        return int(major) * 10 + int(minor)
+
+    def nccl_env_values(self) -> dict[str, str]:
+        return {k: v.value for k, v in self.nccl_env.items()}
+
+
+RTX_PRO_6000_PCIE = HardwareProfile(
+    name="rtx_pro_6000_pcie",
+    description="8x RTX PRO 6000 Blackwell Server Edition (SM120, 96 GiB) on PCIe, no NVLink",
+    gpu_count=8,
+    gpu_memory_gib=96.0,
+    compute_capability="12.0",
+    interconnect="pcie",
+    nvswitch=False,
+    fabric_manager=False,
+    nccl_env={
+        "NCCL_P2P_LEVEL": EnvVar(
+            "SYS",
+            "The GPUs meet at the CPU root complex or across sockets; NCCL's default P2P cutoff (PXB) sends "
+            "every all-reduce through host memory (SHM). SYS enables PCIe P2P, which is safe only with ACS "
+            "redirect off and IOMMU in passthrough (the gpu_host role checks both).",
+        ),
+    },
+    engine_defaults={
+        "vllm": {"attention_backend": "TRITON_MLA", "disable_custom_all_reduce": True},
+        "sglang": {"attention_backend": "flashinfer", "disable_custom_all_reduce": True},
+    },
+)
+
+B200_NVL8 = HardwareProfile(
+    name="b200_nvl8",
+    description="8x B200 (SM100, 180 GiB) on NVLink 5 through NVSwitch",
+    gpu_count=8,
+    gpu_memory_gib=180.0,
+    compute_capability="10.0",
+    interconnect="nvlink",
+    nvswitch=True,
+    fabric_manager=True,
+    nccl_env={},
+    engine_defaults={"vllm": {}, "sglang": {}},
+)
+
+H200_NVL8 = HardwareProfile(
+    name="h200_nvl8",
+    description="8x H200 (SM90, 141 GB) on NVLink 4 through NVSwitch",
+    gpu_count=8,
+    gpu_memory_gib=140.0,
+    compute_capability="9.0",
+    interconnect="nvlink",
+    nvswitch=True,
+    fabric_manager=True,
+    nccl_env={},
+    engine_defaults={"vllm": {}, "sglang": {}},
+)
+
+PROFILES: dict[str, HardwareProfile] = {p.name: p for p in (RTX_PRO_6000_PCIE, B200_NVL8, H200_NVL8)}
+PROFILE_NAMES = tuple(PROFILES) + ("custom",)
+
+
+def custom_profile(spec: dict) -> HardwareProfile:
+    """Build the ``custom`` profile from ``specdeploy_hardware_custom`` (already schema-validated)."""
+    pcie = spec["interconnect"] == "pcie"
+    defaults = RTX_PRO_6000_PCIE.engine_defaults if pcie else {"vllm": {}, "sglang": {}}
+    if pcie and not spec["compute_capability"].startswith("12."):
+        defaults = {"vllm": {"disable_custom_all_reduce": True},
+                    "sglang": {"disable_custom_all_reduce": True}}
+    env = {k: EnvVar(str(v), "set by specdeploy_hardware_custom.nccl_env") for k, v in spec.get("nccl_env", {}).items()}
+    return HardwareProfile(
+        name="custom",
+        description=spec.get("description", "custom hardware"),
+        gpu_count=spec["gpu_count"],
+        gpu_memory_gib=spec["gpu_memory_gib"],
+        compute_capability=spec["compute_capability"],
+        interconnect=spec["interconnect"],
+        nvswitch=spec.get("nvswitch", False),
+        fabric_manager=spec.get("nvswitch", False),
+        nccl_env=env,
+        engine_defaults=defaults,
+    )
+
+
+def get_profile(name: str, custom: dict | None = None) -> HardwareProfile:
+    if name == "custom":
+        return custom_profile(custom or {})
+    return PROFILES[name]

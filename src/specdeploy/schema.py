@@ -1,0 +1,197 @@
+"""The inventory variables: one pydantic model, the single documented public interface.
+
+Every ``specdeploy_*`` variable a host may carry is a field here. ``docs/variables.md`` and each role's
+``meta/argument_specs.yml`` are generated from this model (``specdeploy schema docs|argspec``); a test fails
+when they drift.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import Finding, SpecdeployError
+from .hardware import PROFILE_NAMES
+
+PREFIX = "specdeploy_"
+
+
+class CustomHardware(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    description: str = "custom hardware"
+    gpu_count: int = Field(ge=1, le=64)
+    gpu_memory_gib: float = Field(gt=0)
+    compute_capability: str = Field(pattern=r"^\d+\.\d+$")
+    interconnect: Literal["pcie", "nvlink"]
+    nvswitch: bool = False
+    nccl_env: dict[str, str] = Field(default_factory=dict)
+
+
+class HostVars(BaseModel):
+    """Variables of one engine host. Field descriptions are the documentation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    specdeploy_engine: Literal["vllm", "sglang"] = Field(description="Serving engine: `vllm` or `sglang`.")
+    specdeploy_engine_version: str = Field(
+        description="Pinned engine version, e.g. `0.16.0`, `0.33.0` (vLLM) or `0.5.23` (SGLang).")
+    specdeploy_engine_patches: Literal["auto", "none"] = Field(
+        "auto", description="`auto` applies the patch set the engine version needs; `none` applies nothing.")
+    specdeploy_runtime: Literal["docker", "venv"] = Field(
+        "docker", description="`docker`: the official engine image, patched where needed. `venv`: a Python "
+        "environment on the host.")
+    specdeploy_venv_path: str = Field(
+        "/opt/specdeploy/venv", description="The Python environment used by the `venv` runtime.")
+    specdeploy_image: str | None = Field(
+        None, description="Engine image to run with the `docker` runtime; default: the image `build.yml` tags.")
+    specdeploy_hardware: Literal[PROFILE_NAMES] = Field(  # type: ignore[valid-type]
+        description="Hardware profile: `rtx_pro_6000_pcie`, `b200_nvl8`, `h200_nvl8` or `custom`.")
+    specdeploy_hardware_custom: CustomHardware | None = Field(
+        None, description="For `specdeploy_hardware: custom`: gpu_count, gpu_memory_gib, compute_capability, "
+        "interconnect (`pcie`/`nvlink`), nvswitch, nccl_env.")
+    specdeploy_sandbox: bool = Field(
+        False, description="The host is a sandbox host without GPUs: GPU steps are skipped and the engine "
+        "simulator serves.")
+    specdeploy_model_path: str = Field(description="Target model directory on the host; its `config.json` is read.")
+    specdeploy_model_local_path: str | None = Field(
+        None, description="Controller-side copy of the model's config files (config.json, safetensors index) "
+        "for preflight; default: specdeploy_model_path when it exists on the controller.")
+    specdeploy_drafter_local_path: str | None = Field(
+        None, description="Controller-side copy of the drafter (config.json and safetensors) for preflight and "
+        "conversion; default: specdeploy_drafter_path when it exists on the controller.")
+    specdeploy_served_model_name: str | None = Field(
+        None, description="Model name served by the OpenAI-compatible API (default: the model directory name).")
+    specdeploy_tensor_parallel_size: int | None = Field(
+        None, ge=1, description="Tensor-parallel size (default: the profile's GPU count).")
+    specdeploy_expert_parallel: bool = Field(False, description="Enable expert parallelism for the MoE layers.")
+    specdeploy_max_model_len: int | None = Field(None, ge=1, description="Maximum context length.")
+    specdeploy_gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Fraction of GPU memory the engine may use.")
+    specdeploy_trust_remote_code: bool = Field(True, description="Allow the model's own Python code (Kimi needs it).")
+    specdeploy_attention_backend: str | None = Field(
+        None, description="Attention backend; default from the hardware profile (e.g. TRITON_MLA on SM120).")
+    specdeploy_custom_all_reduce: bool | None = Field(
+        None, description="Engine custom all-reduce; default from the hardware profile (off on PCIe).")
+    specdeploy_spec_enabled: bool = Field(False, description="Enable speculative decoding.")
+    specdeploy_spec_method: Literal["eagle3", "eagle", "mtp", "ngram"] = Field(
+        "eagle3", description="Speculative method: `eagle3`, `eagle`, `mtp` or `ngram`.")
+    specdeploy_drafter_path: str | None = Field(
+        None, description="Drafter checkpoint directory on the host (as trained; specdeploy converts it).")
+    specdeploy_spec_num_tokens: int = Field(3, ge=1, le=16, description="Draft tokens per step (k).")
+    specdeploy_spec_config_extra: dict[str, Any] = Field(
+        default_factory=dict, description="Extra speculative-config keys, validated against the engine version.")
+    specdeploy_spec_gate: bool = Field(
+        False, description="After readiness, measure whether speculation pays and apply the verdict.")
+    specdeploy_engine_extra_args: list[str] = Field(
+        default_factory=list, description="Extra engine flags, validated against the engine version.")
+    specdeploy_engine_env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment variables for the engine unit.")
+    specdeploy_nccl_env: dict[str, str] | None = Field(
+        None, description="Tuned NCCL environment (written by `specdeploy nccl choose`); overrides the profile's.")
+    specdeploy_port: int = Field(8000, ge=1, le=65535, description="Engine HTTP port.")
+    specdeploy_bind_address: str = Field("0.0.0.0", description="Engine bind address.")
+    specdeploy_api_key_file: str | None = Field(
+        None, description="File on the controller holding the API key; installed 0600, never on a command line.")
+    specdeploy_exporter_port: int = Field(9450, ge=1, le=65535, description="Spec-decode exporter port.")
+    specdeploy_start_timeout: str = Field(
+        "infinity", description="systemd TimeoutStartSec of the engine unit (readiness is checked separately).")
+    specdeploy_ready_timeout_s: int = Field(
+        3600, ge=1, description="How long the readiness gate waits for health and a real generation.")
+
+    @field_validator("specdeploy_engine_version")
+    @classmethod
+    def _version_shape(cls, v: str) -> str:
+        parts = v.split(".")
+        if len(parts) < 3 or not all(p.split("post")[0].isdigit() or p.startswith("post") for p in parts):
+            raise ValueError(f"'{v}' is not a release version like 0.16.0")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self):
+        if self.specdeploy_hardware == "custom" and self.specdeploy_hardware_custom is None:
+            raise ValueError("specdeploy_hardware_custom is required when specdeploy_hardware is 'custom'")
+        return self
+
+    # ---- derived values -------------------------------------------------------------------
+    def profile(self):
+        from .hardware import get_profile
+        custom = self.specdeploy_hardware_custom.model_dump() if self.specdeploy_hardware_custom else None
+        return get_profile(self.specdeploy_hardware, custom)
+
+    @property
+    def tp(self) -> int:
+        return self.specdeploy_tensor_parallel_size or self.profile().gpu_count
+
+    @property
+    def served_model_name(self) -> str:
+        return self.specdeploy_served_model_name or self.specdeploy_model_path.rstrip("/").rsplit("/", 1)[-1]
+
+
+FIELDS = HostVars.model_fields
+
+_FIXES = {
+    "literal_error": "use one of the allowed values",
+    "missing": "set it in group_vars/ or host_vars/",
+    "extra_forbidden": "remove it",
+}
+
+
+def _type_fix(err: dict) -> str:
+    t = err["type"]
+    if t in _FIXES:
+        return _FIXES[t]
+    if t.endswith("_parsing") or t.endswith("_type"):
+        return f"give a value of type {t.split('_')[0]}"
+    return "correct the value"
+
+
+def validate_host(host: str, variables: dict[str, Any]) -> HostVars:
+    """Validate the ``specdeploy_*`` variables of one host. Raises SpecdeployError with one line per problem."""
+    ours = {k: v for k, v in variables.items() if k.startswith(PREFIX)}
+    problems: list[Finding] = []
+    for key in list(ours):
+        if key not in FIELDS:
+            close = difflib.get_close_matches(key, FIELDS, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            problems.append(Finding("error", key, "unknown variable",
+                                    f"{hint}see docs/variables.md for the variables specdeploy reads", host))
+            ours.pop(key)
+    try:
+        hv = HostVars(**ours)
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = [str(p) for p in err["loc"]]
+            subject = ".".join(loc) if loc else "variables"
+            msg = err["msg"]
+            if err["type"] == "missing":
+                msg = "is required"
+            problems.append(Finding("error", subject, msg, _type_fix(err), host))
+        raise SpecdeployError(problems) from None
+    problems.extend(semantic_problems(host, hv))
+    if problems:
+        raise SpecdeployError(problems)
+    return hv
+
+
+def semantic_problems(host: str, hv: HostVars) -> list[Finding]:
+    """Checks that need more than one field or the hardware profile; cheap and host-local."""
+    out: list[Finding] = []
+    prof = hv.profile()
+    if hv.tp > prof.gpu_count:
+        out.append(Finding("error", "specdeploy_tensor_parallel_size",
+                           f"TP {hv.tp} is larger than the {prof.gpu_count} GPUs of profile {prof.name}",
+                           f"set specdeploy_tensor_parallel_size to at most {prof.gpu_count}", host))
+    if hv.specdeploy_spec_enabled and hv.specdeploy_spec_method in ("eagle3", "eagle") and not hv.specdeploy_drafter_path:
+        out.append(Finding("error", "specdeploy_drafter_path",
+                           f"speculation is enabled with method {hv.specdeploy_spec_method} but no drafter is set",
+                           "set specdeploy_drafter_path, or specdeploy_spec_enabled: false", host))
+    from .engines import get_adapter, UnsupportedVersion
+    try:
+        adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)
+    except UnsupportedVersion as exc:
+        out.append(Finding("error", "specdeploy_engine_version", str(exc),
+                           "pin one of the supported versions", host))
+        return out
+    out.extend(adapter.validate_extras(hv, host))
+    return out

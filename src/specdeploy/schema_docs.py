@@ -1,0 +1,113 @@
+"""Generate docs/variables.md and each role's meta/argument_specs.yml from the pydantic schema."""
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel
+
+from .schema import FIELDS, HostVars
+
+# Which variables each role reads. Every role that takes part in the engine deployment validates the full
+# engine-host set; the others validate what they use.
+_ALL = list(FIELDS)
+ROLE_VARS: dict[str, list[str]] = {
+    "gpu_host": ["specdeploy_hardware", "specdeploy_hardware_custom", "specdeploy_sandbox", "specdeploy_runtime"],
+    "engine_image": ["specdeploy_engine", "specdeploy_engine_version", "specdeploy_engine_patches",
+                     "specdeploy_runtime", "specdeploy_image", "specdeploy_venv_path", "specdeploy_sandbox"],
+    "model_store": ["specdeploy_model_path", "specdeploy_drafter_path", "specdeploy_spec_enabled"],
+    "drafter": ["specdeploy_engine", "specdeploy_engine_version", "specdeploy_model_path",
+                "specdeploy_drafter_path", "specdeploy_spec_enabled", "specdeploy_spec_method",
+                "specdeploy_venv_path"],
+    "inference_engine": _ALL,
+    "spec_exporter": ["specdeploy_engine", "specdeploy_engine_version", "specdeploy_port",
+                      "specdeploy_exporter_port", "specdeploy_venv_path"],
+}
+ROLE_DESCRIPTIONS = {
+    "gpu_host": "Prepare a GPU host: driver checks, persistence mode, fabric manager, ACS/IOMMU, memlock.",
+    "engine_image": "Build or install the engine runtime, patched where the version needs it.",
+    "model_store": "Stage the model and drafter onto local disk with checksums.",
+    "drafter": "Check the drafter and convert it for the engine.",
+    "inference_engine": "Render the units from the core, start the engine, gate readiness, roll back on failure.",
+    "spec_exporter": "Run the speculative-decoding exporter next to the engine.",
+}
+
+
+def _strip_optional(tp):
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def _ansible_type(tp) -> dict[str, Any]:
+    tp, _ = _strip_optional(tp)
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return {"type": "str", "choices": list(typing.get_args(tp))}
+    if tp is bool:
+        return {"type": "bool"}
+    if tp is int:
+        return {"type": "int"}
+    if tp is float:
+        return {"type": "float"}
+    if tp is str:
+        return {"type": "str"}
+    if origin is list:
+        return {"type": "list", "elements": "str"}
+    if origin is dict or (isinstance(tp, type) and issubclass(tp, BaseModel)):
+        return {"type": "dict"}
+    return {"type": "raw"}
+
+
+def _type_text(tp) -> str:
+    tp, opt = _strip_optional(tp)
+    t = _ansible_type(tp)
+    s = " \\| ".join(f"`{c}`" for c in t["choices"]) if "choices" in t else t["type"]
+    return s + (" or null" if opt else "")
+
+
+def field_spec(name: str) -> dict[str, Any]:
+    f = FIELDS[name]
+    spec: dict[str, Any] = {"description": f.description or name}
+    spec.update(_ansible_type(f.annotation))
+    if f.is_required():
+        spec["required"] = True
+    else:
+        default = f.get_default(call_default_factory=True)
+        if default is not None:
+            spec["default"] = default
+    return spec
+
+
+def argument_specs(role: str) -> dict:
+    names = ROLE_VARS[role]
+    return {"argument_specs": {"main": {
+        "short_description": ROLE_DESCRIPTIONS[role],
+        "description": ["Generated from specdeploy.schema.HostVars by `specdeploy schema argspec " + role + "`.",
+                        "Do not edit by hand: tests/test_schema.py fails when this file drifts."],
+        "options": {n: field_spec(n) for n in names},
+    }}}
+
+
+def argument_specs_yaml(role: str) -> str:
+    return "---\n" + yaml.safe_dump(argument_specs(role), sort_keys=False, width=110)
+
+
+def variables_markdown() -> str:
+    lines = ["# Inventory variables", "",
+             "Generated from `specdeploy.schema.HostVars` by `specdeploy schema docs`; do not edit by hand.",
+             "Engine hosts belong to the group `specdeploy_engines`; the Prometheus/Grafana host to "
+             "`specdeploy_monitoring`. Any other `specdeploy_*` variable is an error.", "",
+             "| variable | type | default | meaning |", "|---|---|---|---|"]
+    for name, f in FIELDS.items():
+        default = "required" if f.is_required() else f"`{f.get_default(call_default_factory=True)!r}`"
+        lines.append(f"| `{name}` | {_type_text(f.annotation)} | {default} | {f.description} |")
+    return "\n".join(lines) + "\n"
+
+
+assert issubclass(HostVars, BaseModel)
