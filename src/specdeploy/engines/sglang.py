@@ -27,7 +27,7 @@ FLAGS = {f: Span() for f in (
     "--attention-backend", "--speculative-algorithm", "--speculative-draft-model-path",
     "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
     "--config", "--kv-cache-dtype", "--max-running-requests", "--chunked-prefill-size",
-    "--tool-call-parser", "--reasoning-parser", "--cuda-graph-max-bs", "--watchdog-timeout",
+    "--tool-call-parser", "--reasoning-parser", "--watchdog-timeout",
     "--dist-timeout", "--page-size", "--moe-runner-backend", "--speculative-draft-model-quantization")}
 
 ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "mtp": "NEXTN", "ngram": "NGRAM"}

@@ -1,0 +1,80 @@
+"""Static facts read from real upstream sources: flags, speculative-config keys, metric names."""
+from __future__ import annotations
+
+import ast
+import re
+from functools import lru_cache
+from pathlib import Path
+
+
+def _class_fields(path: Path, class_pred) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and class_pred(node.name):
+            out |= {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    return out
+
+
+def _dash_literals(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {n.value for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and re.fullmatch(r"--[a-z0-9-]+", n.value)}
+
+
+@lru_cache(maxsize=None)
+def vllm_flags(root: Path) -> frozenset[str]:
+    """Flags of `vllm serve`: EngineArgs and the frontend *Args dataclasses become --kebab-case flags;
+    explicit add_argument names are added as written."""
+    vl = root / "vllm"
+    files = [vl / "engine" / "arg_utils.py"] + list((vl / "entrypoints").rglob("cli_args.py"))
+    flags: set[str] = set()
+    for f in files:
+        for name in _class_fields(f, lambda n: n.endswith("Args")):
+            flags.add("--" + name.replace("_", "-"))
+        flags |= _dash_literals(f)
+    return frozenset(flags)
+
+
+@lru_cache(maxsize=None)
+def vllm_spec_keys(root: Path) -> frozenset[str]:
+    return frozenset(_class_fields(root / "vllm" / "config" / "speculative.py", lambda n: n == "SpeculativeConfig"))
+
+
+def _string_literals(root: Path, prefix: str) -> set[str]:
+    out = set()
+    for f in root.rglob("*.py"):
+        text = f.read_text(errors="replace")
+        if prefix not in text:
+            continue
+        out |= set(re.findall(r"[\"'](" + re.escape(prefix) + r"[a-z0-9_]+)[\"']", text))
+    return out
+
+
+@lru_cache(maxsize=None)
+def vllm_metric_names(root: Path) -> frozenset[str]:
+    return frozenset(_string_literals(root / "vllm" / "v1", "vllm:"))
+
+
+@lru_cache(maxsize=None)
+def sglang_flags(root: Path) -> frozenset[str]:
+    srt = root / "sglang" / "srt"
+    flags: set[str] = set()
+    files = list((srt / "arg_groups").rglob("*.py")) + [srt / "server_args.py"]
+    for f in files:
+        if not f.exists():
+            continue
+        for name in _class_fields(f, lambda n: True):
+            flags.add("--" + name.replace("_", "-"))
+        flags |= _dash_literals(f)
+    return frozenset(flags)
+
+
+@lru_cache(maxsize=None)
+def sglang_metric_names(root: Path) -> frozenset[str]:
+    return frozenset(_string_literals(root / "sglang" / "srt", "sglang:"))
+
+
+def exposed(name: str, defined: frozenset[str]) -> bool:
+    """prometheus_client exposes a counter `x` as `x_total`; histograms keep their name."""
+    return name in defined or (name.endswith("_total") and name[:-6] in defined)

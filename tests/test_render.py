@@ -1,0 +1,82 @@
+import json
+import re
+import subprocess
+import sys
+
+import yaml
+
+from specdeploy.plan import plan, write_out
+
+
+def _unit_exec(unit: str) -> str:
+    return re.search(r"^ExecStart=(.*)$", unit, re.M).group(1)
+
+
+def test_plan_renders_engine_unit_with_exec_and_nccl_env(repo, tmp_path):
+    _, plans, prom = plan(repo / "inventory" / "example")
+    write_out(tmp_path, plans, prom)
+    unit = (tmp_path / "gpu-a/etc/systemd/system/specdeploy-vllm.service").read_text()
+    env = (tmp_path / "gpu-a/etc/specdeploy/specdeploy-vllm.env").read_text()
+    exec_line = _unit_exec(unit)
+    # ExecStart runs the engine command inside the patched image
+    assert "--entrypoint vllm specdeploy/vllm:0.16.0-p" in exec_line
+    assert "serve /models/kimi-k2.5-int4" in exec_line
+    assert '"{\\"method\\":\\"eagle3\\",\\"model\\":\\"/var/lib/specdeploy/drafter/vllm\\",' in exec_line
+    assert "EnvironmentFile=/etc/specdeploy/specdeploy-vllm.env" in unit
+    assert "NCCL_P2P_LEVEL=SYS" in env
+    for line in ("TimeoutStartSec=infinity", "Restart=always", "LimitMEMLOCK=infinity"):
+        assert line in unit
+    # API key: env file (0600 on the host), never the command line
+    assert "EnvironmentFile=/etc/specdeploy/secrets/specdeploy-vllm.env" in unit
+    assert "api-key" not in exec_line and "VLLM_API_KEY" not in env
+    scrape = yaml.safe_load(prom)
+    jobs = {j["job_name"]: j for j in scrape["scrape_configs"]}
+    assert jobs["specdeploy_engine"]["static_configs"][0]["targets"] == ["10.1.230.174:8000"]
+    assert jobs["specdeploy_exporter"]["static_configs"][1]["targets"] == ["10.1.230.175:9450"]
+
+
+def test_tuned_nccl_env_reaches_unit_env(repo):
+    _, plans, _ = plan(repo / "inventory" / "example", extra={
+        "specdeploy_nccl_env": {"NCCL_PROTO": "LL,Simple", "NCCL_P2P_LEVEL": "PHB"}})
+    for _, _, p in plans:
+        env = p.files["/etc/specdeploy/specdeploy-vllm.env"]
+        assert "NCCL_PROTO=LL,Simple" in env and "NCCL_P2P_LEVEL=PHB" in env
+        assert p.nccl_source == "tuned"
+
+
+def test_systemd_exec_line_round_trips_argv(repo):
+    """The ExecStart line, parsed with systemd's quoting rules, gives back exactly the argv."""
+    from specdeploy.render import systemd_quote
+    import shlex
+    argv = ["vllm", "serve", "/m", "--speculative-config", '{"a":"b c","d":1}', "50%", "$HOME"]
+    line = " ".join(systemd_quote(a) for a in argv)
+    unescaped = [a.replace("%%", "%").replace("$$", "$") for a in shlex.split(line)]
+    assert unescaped == argv
+
+
+def test_sglang_b200_has_no_pcie_settings(repo):
+    _, plans, _ = plan(repo / "inventory" / "b200")
+    (_, _, p), = plans
+    assert p.argv[:3] == ["python", "-m", "sglang.launch_server"]
+    assert "--disable-custom-all-reduce" not in p.argv and "--attention-backend" not in p.argv
+    assert p.argv[p.argv.index("--speculative-algorithm") + 1] == "EAGLE3"
+    assert "--tp-size" in p.argv and "--tp" not in p.argv
+
+
+def test_plan_json_and_out_dir(repo, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "plan", "-i", str(repo / "inventory/example"),
+                        "--json", "--limit", "gpu-b"], capture_output=True, text=True, check=True)
+    d = json.loads(r.stdout)
+    assert list(d["hosts"]) == ["gpu-b"]
+    assert d["hosts"]["gpu-b"]["nccl"] == "tuned"
+
+
+def test_ansible_filter_renders_same_files_as_plan(repo):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sd_filter", repo / "ansible/filter_plugins/specdeploy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    inv, plans, _ = plan(repo / "inventory" / "example")
+    via_ansible = mod.specdeploy_plan(inv.host("gpu-a").vars, "gpu-a")
+    assert via_ansible["files"] == plans[0][2].files
+    assert via_ansible["argv"] == plans[0][2].argv

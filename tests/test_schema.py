@@ -1,0 +1,90 @@
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from specdeploy.errors import SpecdeployError
+from specdeploy.inventory import load, parse_extra_vars
+from specdeploy.schema import FIELDS, validate_host
+from specdeploy.schema_docs import ROLE_VARS, argument_specs, variables_markdown
+
+BASE = {"specdeploy_engine": "vllm", "specdeploy_engine_version": "0.16.0",
+        "specdeploy_hardware": "rtx_pro_6000_pcie", "specdeploy_model_path": "/models/k"}
+
+
+def test_example_inventory_reads_through_ansible(repo):
+    inv = load(repo / "inventory" / "example")
+    names = [h.name for h in inv.engine_hosts]
+    assert names == ["gpu-a", "gpu-b"]
+    assert inv.monitoring_hosts == ["mon-1"]
+    a = inv.host("gpu-a").hv
+    assert a.tp == 8 and a.specdeploy_spec_enabled and a.specdeploy_engine_version == "0.16.0"
+    # {{ inventory_dir }} is templated the way ansible-playbook would
+    assert a.specdeploy_api_key_file.endswith("inventory/example/secrets/api-key")
+    # host_vars win over group_vars
+    assert inv.host("gpu-b").hv.specdeploy_nccl_env == {"NCCL_P2P_LEVEL": "SYS"}
+    assert inv.host("gpu-a").hv.specdeploy_nccl_env is None
+
+
+def test_extra_vars_override_like_ansible(repo):
+    inv = load(repo / "inventory" / "example", extra=parse_extra_vars(["specdeploy_tensor_parallel_size=4"]))
+    assert all(h.hv.tp == 4 for h in inv.engine_hosts)
+
+
+@pytest.mark.parametrize("override,subject,needle", [
+    ({"specdeploy_engine": "trtllm"}, "specdeploy_engine", "'vllm' or 'sglang'"),
+    ({"specdeploy_tensor_parallel_size": 16}, "specdeploy_tensor_parallel_size", "larger than the 8 GPUs"),
+    ({"specdeploy_spec_enabled": True}, "specdeploy_drafter_path", "no drafter"),
+    ({"specdeploy_port": "http"}, "specdeploy_port", "valid integer"),
+    ({"specdeploy_tp": 8}, "specdeploy_tp", "unknown variable"),
+    ({"specdeploy_engine_version": "0.15.1"}, "specdeploy_engine_version", "supported: 0.16.0"),
+    ({"specdeploy_spec_config_extra": {"disable_by_batch_size": 4}, "specdeploy_engine_version": "0.17.1"},
+     "specdeploy_spec_config_extra.disable_by_batch_size", "removed in vLLM 0.17.0"),
+])
+def test_bad_input_names_host_variable_and_fix(override, subject, needle):
+    with pytest.raises(SpecdeployError) as ei:
+        validate_host("gpu-x", {**BASE, **override})
+    lines = [p for p in ei.value.problems if p.subject == subject]
+    assert lines, ei.value
+    assert needle in lines[0].message
+    assert lines[0].host == "gpu-x" and lines[0].fix
+
+
+def test_non_specdeploy_vars_are_ignored():
+    hv = validate_host("h", {**BASE, "ansible_host": "1.2.3.4", "inventory_dir": "/x"})
+    assert hv.specdeploy_engine == "vllm"
+
+
+def test_cli_bad_inventory_exits_nonzero_without_traceback(example_inv):
+    gv = example_inv / "group_vars" / "specdeploy_engines.yml"
+    gv.write_text(gv.read_text() + "specdeploy_tensor_parallel_size: 12\nspecdeploy_engine_versoin: x\n")
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "plan", "-i", str(example_inv)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "gpu-a: specdeploy_engine_versoin: unknown variable" in r.stderr
+    assert "did you mean 'specdeploy_engine_version'" in r.stderr
+
+
+def test_missing_inventory_is_a_clean_error(tmp_path):
+    with pytest.raises(SpecdeployError) as ei:
+        load(tmp_path / "nope")
+    assert "does not exist" in str(ei.value)
+
+
+def test_argument_specs_match_schema(repo):
+    """Fails when a role's meta/argument_specs.yml drifts from the pydantic schema."""
+    for role in ROLE_VARS:
+        path = repo / "ansible" / "roles" / role / "meta" / "argument_specs.yml"
+        on_disk = yaml.safe_load(path.read_text())
+        assert on_disk == argument_specs(role), f"{path} drifted; regenerate: specdeploy schema argspec {role}"
+        for name in on_disk["argument_specs"]["main"]["options"]:
+            assert name in FIELDS
+
+
+def test_variable_docs_match_schema(repo):
+    assert (repo / "docs" / "variables.md").read_text() == variables_markdown(), \
+        "regenerate: specdeploy schema docs > docs/variables.md"
+    for name in FIELDS:
+        assert f"`{name}`" in variables_markdown()
