@@ -18,6 +18,9 @@ engine_app = typer.Typer(no_args_is_help=True, help="Engine command lines.")
 schema_app = typer.Typer(no_args_is_help=True, help="The inventory schema: docs and Ansible argument specs.")
 app.add_typer(engine_app, name="engine")
 app.add_typer(schema_app, name="schema")
+from .nccl_cli import nccl_app  # noqa: E402
+
+app.add_typer(nccl_app, name="nccl")
 
 out = Console()
 err = Console(stderr=True)
