@@ -21,6 +21,9 @@ app.add_typer(schema_app, name="schema")
 from .nccl_cli import nccl_app  # noqa: E402
 
 app.add_typer(nccl_app, name="nccl")
+from .drafter_cli import drafter_app  # noqa: E402
+
+app.add_typer(drafter_app, name="drafter")
 
 out = Console()
 err = Console(stderr=True)

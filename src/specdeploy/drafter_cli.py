@@ -1,0 +1,56 @@
+"""``specdeploy drafter ...`` commands."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from .errors import SpecdeployError
+
+drafter_app = typer.Typer(no_args_is_help=True, help="Validate and convert EAGLE-3 drafters.")
+
+
+def _print_report(rep, as_json: bool):
+    if as_json:
+        print(json.dumps(rep.to_dict(), indent=2))
+        return
+    for f in rep.findings:
+        print(f.line())
+    print("OK" if rep.ok else f"{len(rep.errors)} error(s)")
+
+
+@drafter_app.command("check")
+def check_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Option(..., "--target"),
+              engine: str = typer.Option(..., "--engine"), as_json: bool = typer.Option(False, "--json")):
+    """Check a drafter against its target for one engine (config and headers only; no weights read)."""
+    from .drafter import check
+    try:
+        rep = check(drafter_dir, target, engine)
+    except SpecdeployError as exc:
+        for p in exc.problems:
+            print(p.line(), file=sys.stderr)
+        raise typer.Exit(2)
+    _print_report(rep, as_json)
+    raise typer.Exit(0 if rep.ok else 1)
+
+
+@drafter_app.command("convert")
+def convert_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Option(..., "--target"),
+                engine: str = typer.Option(..., "--engine"), out: Path = typer.Option(..., "--out"),
+                as_json: bool = typer.Option(False, "--json")):
+    """Write an engine-ready copy: renamed weights, explicit aux ids and norm_before_residual."""
+    from .drafter import convert
+    try:
+        meta = convert(drafter_dir, target, engine, out)
+    except SpecdeployError as exc:
+        for p in exc.problems:
+            print(p.line(), file=sys.stderr)
+        raise typer.Exit(1)
+    if as_json:
+        print(json.dumps(meta, indent=2))
+    else:
+        for a in meta["actions"]:
+            print("-", a)
+        print(f"wrote {out}")

@@ -1,0 +1,160 @@
+"""Read safetensors headers (and, on request, one small tensor) without reading any weights; write sparse
+copies. The format: 8-byte little-endian header length, a JSON header, then the tensor bytes."""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U32": 4, "U16": 2, "U64": 8}
+
+
+class SafetensorsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: Path
+    begin: int  # absolute file offsets
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+def read_header(path: Path) -> tuple[dict, int]:
+    """Return (header dict, offset where tensor data starts)."""
+    with open(path, "rb") as fh:
+        raw = fh.read(8)
+        if len(raw) != 8:
+            raise SafetensorsError(f"{path}: shorter than a safetensors header")
+        (n,) = struct.unpack("<Q", raw)
+        size = os.fstat(fh.fileno()).st_size
+        if n > 100_000_000 or 8 + n > size:
+            raise SafetensorsError(f"{path}: header length {n} is not plausible")
+        try:
+            header = json.loads(fh.read(n))
+        except json.JSONDecodeError as exc:
+            raise SafetensorsError(f"{path}: header is not JSON ({exc})") from None
+    return header, 8 + n
+
+
+def tensors(path: Path) -> dict[str, TensorInfo]:
+    header, base = read_header(path)
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = meta["data_offsets"]
+        out[name] = TensorInfo(name, meta["dtype"], tuple(meta["shape"]), path, base + b, base + e)
+    return out
+
+
+def checkpoint_tensors(directory: Path) -> dict[str, TensorInfo]:
+    files = sorted(directory.glob("*.safetensors"))
+    out: dict[str, TensorInfo] = {}
+    for f in files:
+        out.update(tensors(f))
+    return out
+
+
+def read_tensor(info: TensorInfo, max_bytes: int = 64 << 20):
+    """Read one small tensor (d2t, t2d) as a flat Python list."""
+    if info.nbytes > max_bytes:
+        raise SafetensorsError(f"{info.name} is {info.nbytes} bytes; refusing to read more than {max_bytes}")
+    fmt = {"I64": "q", "I32": "i", "BOOL": "?", "U8": "B", "I8": "b"}.get(info.dtype)
+    if fmt is None:
+        raise SafetensorsError(f"{info.name}: dtype {info.dtype} is not an index type")
+    with open(info.file, "rb") as fh:
+        fh.seek(info.begin)
+        data = fh.read(info.nbytes)
+    count = info.nbytes // struct.calcsize(fmt)
+    return list(struct.unpack(f"<{count}{fmt}", data))
+
+
+def encode_header(header: dict) -> bytes:
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * ((8 - len(raw) % 8) % 8)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def sparse_copy_range(src, dst, src_off: int, dst_off: int, length: int, chunk: int = 1 << 20):
+    """Copy bytes, skipping holes and all-zero chunks so sparse files stay sparse."""
+    end = src_off + length
+    pos = src_off
+    fd = src.fileno()
+    while pos < end:
+        try:
+            data_at = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError:  # no data until EOF
+            break
+        if data_at >= end:
+            break
+        try:
+            hole_at = min(os.lseek(fd, data_at, os.SEEK_HOLE), end)
+        except OSError:
+            hole_at = end
+        p = data_at
+        while p < hole_at:
+            n = min(chunk, hole_at - p)
+            src.seek(p)
+            buf = src.read(n)
+            if buf.count(0) != len(buf):
+                dst.seek(dst_off + (p - src_off))
+                dst.write(buf)
+            p += n
+        pos = hole_at
+
+
+def rewrite_names(src: Path, dst: Path, rename) -> int:
+    """Write ``dst`` with tensor names mapped by ``rename``; the data is copied sparsely. Returns renames."""
+    header, base = read_header(src)
+    new, changed = {}, 0
+    for name, meta in header.items():
+        if name == "__metadata__":
+            new[name] = meta
+            continue
+        nn = rename(name)
+        changed += nn != name
+        if nn in new:
+            raise SafetensorsError(f"{src}: renaming gives a duplicate tensor {nn}")
+        new[nn] = meta
+    head = encode_header(new)
+    size = os.path.getsize(src)
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        fo.write(head)
+        fo.truncate(len(head) + size - base)
+        sparse_copy_range(fi, fo, base, len(head), size - base)
+    return changed
+
+
+def write_sparse(path: Path, specs: dict[str, tuple[str, tuple[int, ...]]], data: dict[str, bytes] | None = None,
+                 metadata: dict | None = None):
+    """Write a safetensors file whose tensors are zero (holes) except those given in ``data``."""
+    data = data or {}
+    header: dict = {"__metadata__": metadata or {"format": "pt"}}
+    off = 0
+    for name, (dtype, shape) in specs.items():
+        n = DTYPE_BYTES[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    head = encode_header(header)
+    with open(path, "wb") as fh:
+        fh.write(head)
+        fh.truncate(len(head) + off)
+        for name, raw in data.items():
+            b, e = header[name]["data_offsets"]
+            if len(raw) != e - b:
+                raise SafetensorsError(f"{name}: {len(raw)} bytes given, {e - b} expected")
+            fh.seek(len(head) + b)
+            fh.write(raw)
