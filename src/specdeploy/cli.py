@@ -24,6 +24,9 @@ app.add_typer(nccl_app, name="nccl")
 from .drafter_cli import drafter_app  # noqa: E402
 
 app.add_typer(drafter_app, name="drafter")
+from .ops_cli import register  # noqa: E402
+
+register(app)
 
 out = Console()
 err = Console(stderr=True)

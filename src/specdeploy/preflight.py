@@ -1,0 +1,196 @@
+"""``specdeploy preflight``: everything that can be known before the 30-minute load, in seconds, per host.
+It reads the inventory and controller-side copies of the model/drafter configs; it changes nothing anywhere."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from . import drafter as drafter_mod
+from .engines import get_adapter
+from .errors import Finding, Report, SpecdeployError
+from .modelcfg import TargetModel
+from .patches import required_patches
+from .schema import HostVars, validate_host
+
+GIB = 1 << 30
+LOAD_BYTES_PER_S = 300e6  # a cold load from local NVMe through the engine's loader, order of magnitude
+
+
+def _local(path_local: str | None, path_host: str, base: Path | None) -> Path | None:
+    for cand in (path_local, path_host):
+        if not cand:
+            continue
+        p = Path(cand)
+        if not p.is_absolute() and base is not None:
+            p = base / p
+        if (p / "config.json").is_file():
+            return p
+    return None
+
+
+def parse_seconds(value: str) -> float | None:
+    """systemd time span -> seconds; None for infinity."""
+    v = value.strip().lower()
+    if v in ("infinity", "0"):
+        return None
+    total = 0.0
+    units = {"h": 3600, "hr": 3600, "hour": 3600, "hours": 3600, "min": 60, "m": 60, "minutes": 60, "s": 1,
+             "sec": 1, "seconds": 1, "": 1, "ms": 0.001, "d": 86400, "days": 86400}
+    for num, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", v):
+        total += float(num) * units.get(unit, 1)
+    return total
+
+
+def engine_findings(hv: HostVars, target: TargetModel | None, drafter_fmt: str | None, rep: Report, host: str):
+    adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)
+    prof = hv.profile()
+    spec = hv.specdeploy_spec_enabled
+    eagle3 = spec and hv.specdeploy_spec_method == "eagle3"
+    kimi = target is not None and target.is_kimi_or_deepseek
+    if hv.specdeploy_engine == "vllm" and eagle3 and kimi and not adapter.has("kimi_eagle3_upstream"):
+        if hv.specdeploy_engine_patches == "none":
+            rep.add("error", "eagle3 target whitelist", f"vLLM {adapter.version} rejects model_type "
+                    f"'{target.text_model_type}' as an EAGLE-3 target (ValueError after the load)",
+                    "set specdeploy_engine_patches: auto, or pin vLLM >= 0.18.0", host)
+            if "KimiK25ForConditionalGeneration" in target.architectures:
+                rep.add("error", "image_token_index", f"vLLM {adapter.version}'s EAGLE proposer reads "
+                        "config.image_token_index, which KimiK25Config lacks (AttributeError after the load)",
+                        "set specdeploy_engine_patches: auto, or pin vLLM >= 0.18.0", host)
+            rep.add("error", "SupportsEagle3", f"vLLM {adapter.version}'s DeepseekV2/V3 (and KimiK25) models do not "
+                    "implement SupportsEagle3 ('Model does not support EAGLE3 interface' after the load)",
+                    "set specdeploy_engine_patches: auto, or pin vLLM >= 0.18.0", host)
+        else:
+            rep.add("info", "patch set", f"the image applies {', '.join(required_patches('vllm', adapter.version))}",
+                    host=host)
+    if hv.specdeploy_engine == "sglang":
+        if spec and hv.specdeploy_spec_method == "eagle" and drafter_fmt in ("llama", "speculators", "mla"):
+            rep.add("error", "specdeploy_spec_method", "EAGLE with an EAGLE-3 drafter runs silently at acceptance "
+                    "length 1.0 on SGLang", "set specdeploy_spec_method: eagle3 (--speculative-algorithm EAGLE3)",
+                    host)
+        if eagle3 and target is not None and "KimiK25ForConditionalGeneration" in target.architectures \
+                and not adapter.has("kimi_eagle3"):
+            rep.add("error", "specdeploy_engine_version", f"SGLang {adapter.version} has no EAGLE-3 support for "
+                    f"Kimi-K2.5 (first in {adapter.capabilities['kimi_eagle3'].since})",
+                    f"pin SGLang >= {adapter.capabilities['kimi_eagle3'].since}", host)
+        if prof.interconnect == "pcie" and prof.sm >= 120:
+            if not adapter.resolved(hv, "disable_custom_all_reduce"):
+                rep.add("error", "specdeploy_custom_all_reduce", "SGLang's custom all-reduce on PCIe SM120 hangs "
+                        "or breaks CUDA-graph capture", "leave specdeploy_custom_all_reduce unset or false", host)
+            if not adapter.resolved(hv, "attention_backend"):
+                rep.add("error", "specdeploy_attention_backend", "no explicit attention backend on SM120: SGLang "
+                        "may pick an SM90/SM100-only MLA kernel", "set specdeploy_attention_backend: flashinfer "
+                        "(or triton)", host)
+
+
+def model_findings(hv: HostVars, target: TargetModel, rep: Report, host: str):
+    prof = hv.profile()
+    tp = hv.tp
+    if target.heads % tp:
+        rep.add("error", "specdeploy_tensor_parallel_size", f"TP {tp} does not divide the model's "
+                f"{target.heads} attention heads", "pick a TP that divides the head count", host)
+    if target.needs_remote_code and not hv.specdeploy_trust_remote_code:
+        rep.add("error", "specdeploy_trust_remote_code", f"{target.model_type} ships its own code (auto_map) and "
+                "the tokenizer fails without it", "set specdeploy_trust_remote_code: true", host)
+    weights, how = target.weight_bytes()
+    per_gpu = weights / tp
+    budget = prof.gpu_memory_gib * GIB * hv.specdeploy_gpu_memory_utilization
+    msg = (f"weights {weights / GIB:.0f} GiB ({how}) = {per_gpu / GIB:.1f} GiB per GPU at TP {tp}; budget "
+           f"{budget / GIB:.1f} GiB per GPU ({prof.gpu_memory_gib:g} GiB x {hv.specdeploy_gpu_memory_utilization})")
+    if per_gpu > budget:
+        rep.add("error", "GPU memory", f"does not fit: {msg}",
+                "raise TP, use a smaller quantization, or raise specdeploy_gpu_memory_utilization", host)
+    elif per_gpu > 0.9 * budget:
+        rep.add("warning", "GPU memory", f"under 10% left for the KV cache: {msg}",
+                "raise specdeploy_gpu_memory_utilization or lower max_model_len", host)
+    else:
+        rep.add("info", "GPU memory", msg, host=host)
+    timeout = parse_seconds(hv.specdeploy_start_timeout)
+    load_s = max(weights / LOAD_BYTES_PER_S, 60)
+    if timeout is not None and timeout < load_s:
+        rep.add("error", "specdeploy_start_timeout", f"{hv.specdeploy_start_timeout} is shorter than a realistic "
+                f"load of {weights / GIB:.0f} GiB (about {load_s / 60:.0f} min): systemd would kill the engine "
+                "mid-load", "use infinity (readiness is checked separately) or several hours", host)
+    nccl = hv.specdeploy_nccl_env if hv.specdeploy_nccl_env is not None else prof.nccl_env_values()
+    if prof.interconnect == "pcie" and nccl.get("NCCL_P2P_DISABLE") != "1":
+        rep.add("warning", "PCIe P2P", "NCCL P2P over PCIe is on, and ACS/IOMMU state is unknown here: ACS "
+                "redirect or a translating IOMMU make P2P hang on RTX PRO 6000",
+                "on the host: `specdeploy nccl topo` (reads nvidia-smi topo -m, lspci -vvv ACSCtl, /proc/cmdline); "
+                "the gpu_host role checks it too", host)
+
+
+def preflight_host(host: str, variables: dict, inv_dir: Path | None) -> Report:
+    rep = Report()
+    try:
+        hv = validate_host(host, variables)
+    except SpecdeployError as exc:
+        rep.extend(exc.problems)
+        return rep
+    prof = hv.profile()
+    rep.add("info", "hardware", f"{prof.name}: {prof.description}", host=host)
+    target = None
+    tdir = _local(hv.specdeploy_model_local_path, hv.specdeploy_model_path, inv_dir)
+    if tdir is None:
+        rep.add("warning", "target config", f"no config.json at {hv.specdeploy_model_path} on this machine: model "
+                "checks skipped", "set specdeploy_model_local_path to a copy of the model's config files", host)
+    else:
+        try:
+            target = TargetModel.load(tdir)
+            model_findings(hv, target, rep, host)
+        except SpecdeployError as exc:
+            rep.extend(exc.problems)
+    drafter_fmt = None
+    if hv.specdeploy_spec_enabled and hv.specdeploy_drafter_path:
+        ddir = _local(hv.specdeploy_drafter_local_path, hv.specdeploy_drafter_path, inv_dir)
+        if ddir is None:
+            rep.add("warning", "drafter", f"no config.json at {hv.specdeploy_drafter_path} on this machine: drafter "
+                    "not checked", "set specdeploy_drafter_local_path", host)
+        elif target is not None:
+            try:
+                drafter_fmt = drafter_mod.Drafter.load(ddir).fmt
+                drep = drafter_mod.check(ddir, tdir, hv.specdeploy_engine)
+                # the drafter role converts names and aux-id keys before the engine starts: report those as info
+                convertible = {"layers.0.*", "eagle_aux_hidden_state_layer_ids",
+                               "eagle_config.eagle_aux_hidden_state_layer_ids"}
+                for f in drep.findings:
+                    sev, msg = f.severity, f.message
+                    if sev == "error" and f.subject in convertible:
+                        sev, msg = "info", f"{msg} (the drafter role converts this)"
+                    rep.add(sev, f"drafter {f.subject}", msg, f.fix, host)
+            except SpecdeployError as exc:
+                rep.extend(exc.problems)
+    engine_findings(hv, target, drafter_fmt, rep, host)
+    return rep
+
+
+def preflight(inventory: str, limit: str | None = None, extra: dict | None = None) -> dict[str, Report]:
+    """One report per engine host. Inventory-level errors come back per host, not as an exception."""
+    from .inventory import ENGINE_GROUP, _ansible_load, _plain, _template
+    from ansible.template import Templar
+
+    path = Path(inventory)
+    if not path.exists():
+        raise SpecdeployError([Finding("error", "-i", f"inventory {path} does not exist",
+                                       "give an inventory directory such as inventory/example")])
+    inv, vm = _ansible_load(path, extra or {})
+    hosts = inv.get_hosts(ENGINE_GROUP)
+    if limit:
+        wanted = {h.name for h in inv.get_hosts(limit)}
+        hosts = [h for h in hosts if h.name in wanted]
+    if not hosts:
+        raise SpecdeployError([Finding("error", ENGINE_GROUP, f"no engine hosts in {path}"
+                                       + (f" matching '{limit}'" if limit else ""),
+                                       f"put engine hosts in group {ENGINE_GROUP}")])
+    out = {}
+    for h in hosts:
+        raw = vm.get_vars(host=h, include_hostvars=False)
+        t = Templar(loader=vm._loader, variables=raw)
+        try:
+            variables = _plain({k: (_template(t, k, v, h.name) if k.startswith("specdeploy_") else v)
+                                for k, v in raw.items()})
+        except SpecdeployError as exc:
+            rep = Report()
+            rep.extend(exc.problems)
+            out[h.name] = rep
+            continue
+        out[h.name] = preflight_host(h.name, variables, path)
+    return out

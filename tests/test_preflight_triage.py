@@ -1,0 +1,128 @@
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specdeploy.gate import breakeven
+from specdeploy.preflight import preflight
+from specdeploy.triage import triage_files, triage_lines
+
+
+def run_pf(repo, inv="example", **extra):
+    reports = preflight(str(repo / "inventory" / inv), extra=extra)
+    return {h: {(f.severity, f.subject): f for f in r.findings} for h, r in reports.items()}, reports
+
+
+def errs(reports, host):
+    return {f.subject: f for f in reports[host].findings if f.severity == "error"}
+
+
+def test_example_inventories_pass_fast(repo):
+    for inv in ("example", "b200"):
+        t0 = time.perf_counter()
+        _, reports = run_pf(repo, inv)
+        assert time.perf_counter() - t0 < 5
+        assert all(r.ok for r in reports.values()), {h: r.to_dict() for h, r in reports.items()}
+
+
+def test_vllm_016_without_patches_names_all_three_failures(repo):
+    _, reports = run_pf(repo, specdeploy_engine_patches="none")
+    e = errs(reports, "gpu-a")
+    assert {"eagle3 target whitelist", "image_token_index", "SupportsEagle3"} <= set(e)
+    # on 0.18.0 the same inventory passes without patches
+    _, reports = run_pf(repo, specdeploy_engine_patches="none", specdeploy_engine_version="0.18.0")
+    assert reports["gpu-a"].ok
+
+
+def test_removed_speculative_keys(repo):
+    _, r = run_pf(repo, specdeploy_engine_version="0.17.1", specdeploy_spec_config_extra={"disable_by_batch_size": 8})
+    assert "specdeploy_spec_config_extra.disable_by_batch_size" in errs(r, "gpu-a")
+    _, r = run_pf(repo, specdeploy_engine_version="0.21.0",
+                  specdeploy_spec_config_extra={"speculative_token_tree": "[(0,)]"})
+    assert "removed in vLLM 0.21.0" in errs(r, "gpu-a")["specdeploy_spec_config_extra.speculative_token_tree"].message
+    _, r = run_pf(repo, specdeploy_engine_version="0.16.0", specdeploy_spec_config_extra={"disable_by_batch_size": 8})
+    assert "specdeploy_spec_config_extra.disable_by_batch_size" not in errs(r, "gpu-a")
+
+
+def test_sglang_rules(repo):
+    _, r = run_pf(repo, "b200", specdeploy_spec_method="eagle")
+    assert "EAGLE3" in errs(r, "b200-1")["specdeploy_spec_method"].fix
+    _, r = run_pf(repo, "b200", specdeploy_engine_version="0.5.9")
+    assert "0.5.10" in errs(r, "b200-1")["specdeploy_engine_version"].fix
+    _, r = run_pf(repo, "b200", specdeploy_hardware="rtx_pro_6000_pcie", specdeploy_custom_all_reduce=True,
+                  specdeploy_attention_backend="")
+    e = errs(r, "b200-1")
+    assert "specdeploy_custom_all_reduce" in e and "specdeploy_attention_backend" in e
+    _, r = run_pf(repo, "b200", specdeploy_hardware="rtx_pro_6000_pcie")
+    assert r["b200-1"].ok  # the profile turns custom all-reduce off and picks flashinfer
+
+
+def test_tp_memory_remote_code_timeout_p2p(repo):
+    _, r = run_pf(repo, specdeploy_tensor_parallel_size=16)
+    assert "larger than the 8 GPUs" in errs(r, "gpu-a")["specdeploy_tensor_parallel_size"].message
+    _, r = run_pf(repo, specdeploy_tensor_parallel_size=6)
+    assert "does not divide" in errs(r, "gpu-a")["specdeploy_tensor_parallel_size"].message
+    _, r = run_pf(repo, specdeploy_tensor_parallel_size=4)
+    assert "does not fit" in errs(r, "gpu-a")["GPU memory"].message
+    _, r = run_pf(repo, specdeploy_trust_remote_code=False)
+    assert "specdeploy_trust_remote_code" in errs(r, "gpu-a")
+    _, r = run_pf(repo, specdeploy_start_timeout="90s")
+    assert "mid-load" in errs(r, "gpu-a")["specdeploy_start_timeout"].message
+    found, r = run_pf(repo)
+    assert ("warning", "PCIe P2P") in found["gpu-a"]
+    found, r = run_pf(repo, specdeploy_nccl_env={"NCCL_P2P_DISABLE": "1"})
+    assert ("warning", "PCIe P2P") not in found["gpu-a"]
+
+
+def test_preflight_cli_exit_codes(repo):
+    base = [sys.executable, "-m", "specdeploy.cli", "preflight", "-i", str(repo / "inventory/example")]
+    assert subprocess.run(base, capture_output=True).returncode == 0
+    r = subprocess.run(base + ["-e", "specdeploy_engine_patches=none", "--json"], capture_output=True, text=True)
+    assert r.returncode == 1 and json.loads(r.stdout)["ok"] is False and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("log,sig,needle", [
+    ("vllm-image-token.log", "kimi-image-token-index", "image_token_index"),
+    ("vllm-eagle3-interface.log", "eagle3-interface-missing", "EAGLE3 interface"),
+    ("vllm-oom.log", "cuda-oom", "CUDA out of memory"),
+])
+def test_triage_finds_root_cause_in_interleaved_logs(repo, log, sig, needle):
+    res = triage_files([repo / "tests/data/logs" / log])
+    assert res.signature == sig and needle in res.root_cause
+    assert res.worker.startswith("Worker_TP") and res.fix
+    assert "Engine core initialization failed" not in res.root_cause
+    assert res.location and ".py:" in res.location
+
+
+def test_triage_unknown_failure_is_verbatim(repo):
+    res = triage_files([repo / "tests/data/logs/vllm-unknown.log"])
+    assert res.signature is None
+    assert res.root_cause == "ValueError: expert map shape (96,) does not match local experts 48"
+    assert res.location.endswith("fused_moe/layer.py:1432")
+
+
+@pytest.mark.parametrize("line,sig", [
+    ("ValueError: Eagle3 is only supported for ['llama', 'qwen', 'minicpm', 'gpt_oss'] models. Got kimi_k2", "eagle3-target-whitelist"),
+    ("TypeError: SchedulerConfig.__init__() missing 1 required keyword-only argument: 'is_encoder_decoder'", "scheduler-is-encoder-decoder"),
+    ("ValueError: Loading /shared/kimi-k2.5-int4 requires you to execute the configuration file in that repo on your local machine. Make sure you have read the code there to avoid malicious use, then set the option `trust_remote_code=True` to remove this error.", "tokenizer-trust-remote-code"),
+    ("[rank3]:[E221 20:30:01.123 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.", "nccl-watchdog-timeout"),
+    ("ValueError: Model KimiK25ForConditionalGeneration does not support EAGLE3 hidden state capture (supports_eagle3 is False)", "speculators-supports-eagle3"),
+])
+def test_triage_signatures(line, sig):
+    p = "(Worker_TP0 pid=1) ERROR 02-21 20:16:57 [multiproc_executor.py:863] "
+    lines = [p + "Traceback (most recent call last):", p + '  File "/x/custom_worker.py", line 103, in f',
+             p + "    raise ValueError(", p + line,
+             "RuntimeError: Engine core initialization failed. See root cause above."]
+    assert triage_lines(lines).signature == sig
+
+
+def test_breakeven_examples():
+    b = breakeven(1.45, 2.2)
+    assert round(b.speedup, 2) == 0.66 and b.verdict == "disable"
+    b = breakeven(3.0, 2.2)
+    assert round(b.speedup, 2) == 1.36 and b.verdict == "keep"
+    assert breakeven(2.3, 2.2).verdict == "marginal"
+    with pytest.raises(ValueError):
+        breakeven(0.5, 2.2)
