@@ -24,6 +24,9 @@ app.add_typer(nccl_app, name="nccl")
 from .drafter_cli import drafter_app  # noqa: E402
 
 app.add_typer(drafter_app, name="drafter")
+from .patch_cli import patch_app  # noqa: E402
+
+app.add_typer(patch_app, name="patch")
 from .ops_cli import register  # noqa: E402
 
 register(app)
@@ -96,6 +99,33 @@ def engine_argv(inventory: str = InvOpt, host: str = typer.Option(..., "--host")
         for k, v in env.items():
             print(f"{k}={shlex.quote(v)} \\")
         print(" ".join(shlex.quote(a) for a in cmd.argv))
+
+
+@engine_app.command("image")
+def engine_image(engine: str = typer.Option(..., "--engine"), version: str = typer.Option(..., "--version"),
+                 patches: str = typer.Option("auto", "--patches"),
+                 field: Optional[str] = typer.Option(None, "--field", help="print one field: tag, patch_set, ...")):
+    """The image tag, patch set and build arguments for an engine version."""
+    from .engines import UnsupportedVersion
+    from .images import image_tag, upstream_image
+    from .patches import patch_set_id, required_patches
+    try:
+        info = {"tag": image_tag(engine, version, patches), "base": upstream_image(engine, version),
+                "patch_set": patch_set_id(engine, version, patches),
+                "patches": list(required_patches(engine, version)) if patches == "auto" else [],
+                "dockerfile": f"docker/{engine}.Dockerfile",
+                "build_args": {("VLLM_VERSION" if engine == "vllm" else "SGLANG_VERSION"): version,
+                               "PATCH_SET": patch_set_id(engine, version, patches)}}
+    except (UnsupportedVersion, KeyError) as exc:
+        print(f"ERROR --version: {exc}", file=sys.stderr)
+        raise typer.Exit(2)
+    if field:
+        if field not in info:
+            print(f"ERROR --field: unknown field '{field}'; fields: {', '.join(info)}", file=sys.stderr)
+            raise typer.Exit(2)
+        print(info[field] if not isinstance(info[field], (dict, list)) else json.dumps(info[field]))
+    else:
+        print(json.dumps(info, indent=2))
 
 
 @schema_app.command("docs")

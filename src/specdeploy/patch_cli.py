@@ -1,0 +1,55 @@
+"""``specdeploy patch status|apply``."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+patch_app = typer.Typer(no_args_is_help=True, help="Engine patch sets (vLLM 0.16/0.17 Kimi-K2.5 EAGLE-3).")
+
+
+def _run(action: str, engine: str, root: Path, as_json: bool):
+    from .patches import vllm as pv
+    if engine not in ("vllm", "sglang"):
+        print(f"ERROR --engine: unknown engine '{engine}' Fix: use vllm or sglang", file=sys.stderr)
+        raise typer.Exit(2)
+    if engine == "sglang":
+        results = []
+    else:
+        try:
+            results = pv.status(root) if action == "status" else pv.apply(root)
+        except pv.PatchError as exc:
+            if exc.anchor == "vllm/__init__.py":
+                print(f"ERROR --root {root}: no vllm package there. Fix: give the directory that contains "
+                      "vllm/ (an image's site-packages or an unpacked sdist)", file=sys.stderr)
+                raise typer.Exit(2)
+            print(f"ERROR {exc.file}: anchor '{exc.anchor}' {exc.why}. Nothing was changed. Fix: this "
+                  "vLLM tree differs from the release the patch set was written for; pin a tested version "
+                  "(0.16.0-0.17.1) or >= 0.18.0, which needs no patches", file=sys.stderr)
+            raise typer.Exit(1)
+    if as_json:
+        print(json.dumps({"engine": engine, "root": str(root),
+                          "patches": [r.__dict__ for r in results]}, indent=2))
+    else:
+        if not results:
+            print(f"{engine}: no patches defined")
+        for r in results:
+            print(f"{r.id:32s} {r.status:9s} {', '.join(r.files)} {r.detail}")
+    if action == "status" and any(r.status == "drift" for r in results):
+        raise typer.Exit(1)
+
+
+@patch_app.command("status")
+def status_cmd(engine: str = typer.Option(..., "--engine"), root: Path = typer.Option(..., "--root"),
+               as_json: bool = typer.Option(False, "--json")):
+    """Report per patch: upstream, needed, applied or drift."""
+    _run("status", engine, root, as_json)
+
+
+@patch_app.command("apply")
+def apply_cmd(engine: str = typer.Option(..., "--engine"), root: Path = typer.Option(..., "--root"),
+              as_json: bool = typer.Option(False, "--json")):
+    """Apply the needed patches (idempotent, all or nothing)."""
+    _run("apply", engine, root, as_json)
