@@ -128,6 +128,21 @@ def engine_image(engine: str = typer.Option(..., "--engine"), version: str = typ
         print(json.dumps(info, indent=2))
 
 
+@app.command("simulate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def simulate_cmd(ctx: typer.Context, engine: str = typer.Option(..., "--engine"),
+                 version: str = typer.Option(..., "--version")):
+    """Engine simulator for demos and tests: serves the engine's HTTP/metrics contract without a GPU.
+    Usage: specdeploy simulate --engine vllm --version 0.16.0 -- vllm serve MODEL [flags]"""
+    from .engines import UnsupportedVersion
+    from .simulator import run
+    try:
+        code = run(engine, version, list(ctx.args))
+    except UnsupportedVersion as exc:
+        print(f"ERROR {exc}", file=sys.stderr)
+        raise typer.Exit(2)
+    raise typer.Exit(code)
+
+
 @schema_app.command("docs")
 def schema_docs():
     """Print the variable reference (docs/variables.md)."""
