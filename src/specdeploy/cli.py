@@ -143,6 +143,28 @@ def simulate_cmd(ctx: typer.Context, engine: str = typer.Option(..., "--engine")
     raise typer.Exit(code)
 
 
+@app.command("exporter")
+def exporter_cmd(engine: str = typer.Option(..., "--engine"), engine_url: str = typer.Option(..., "--engine-url"),
+                 listen: str = typer.Option("0.0.0.0:9450", "--listen"), window: float = typer.Option(60, "--window"),
+                 info: Optional[List[str]] = typer.Option(None, "--info", help="KEY=VALUE for specdeploy_engine_info"),
+                 gate_file: Optional[Path] = typer.Option(Path("/var/lib/specdeploy/gate/report.json"),
+                                                          "--gate-file")):
+    """Serve speculative-decoding metrics under one engine-independent set of names."""
+    import time as _t
+    from .exporter import serve
+    if engine not in ("vllm", "sglang"):
+        print(f"ERROR --engine: unknown engine '{engine}' Fix: use vllm or sglang", file=sys.stderr)
+        raise typer.Exit(2)
+    if ":" not in listen or not listen.rpartition(":")[2].isdigit():
+        print(f"ERROR --listen: '{listen}' is not ADDR:PORT", file=sys.stderr)
+        raise typer.Exit(2)
+    kv = dict(x.split("=", 1) for x in info or [] if "=" in x)
+    serve(engine, engine_url, listen, window, kv, gate_file)
+    print(f"exporting {engine} spec-decode metrics from {engine_url} on {listen}", flush=True)
+    while True:
+        _t.sleep(3600)
+
+
 @schema_app.command("docs")
 def schema_docs():
     """Print the variable reference (docs/variables.md)."""

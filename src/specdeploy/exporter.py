@@ -1,0 +1,203 @@
+"""Speculative-decoding exporter: one engine-independent set of metrics for vLLM (counters) and SGLang (gauges).
+
+It scrapes the engine's /metrics whenever it is scraped itself (reusing a result at most 1 s old), keeps its own
+samples of the engine counters for ``--window`` seconds and derives acceptance rate, acceptance length and
+per-position acceptance over that window. A dead, slow or garbage-returning engine never crashes it.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
+
+from .engines import get_adapter
+from .engines.sglang import SGLang
+from .engines.vllm import VLLM
+
+VLLM_M = VLLM.metrics.spec_counters
+SGLANG_M = SGLang.metrics.spec_gauges
+
+
+@dataclass
+class Sample:
+    t: float
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    per_pos: dict[str, float] = field(default_factory=dict)
+    al: float | None = None  # SGLang gauges
+    rate: float | None = None
+    has_counters: bool = False
+
+
+class ParseError(ValueError):
+    pass
+
+
+def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
+    s = Sample(t)
+    found = False
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as exc:  # the parser raises bare ValueErrors and more on garbage
+        raise ParseError(f"unparsable /metrics: {exc}") from None
+    for fam in families:
+        for smp in fam.samples:
+            if engine == "vllm":
+                if smp.name == VLLM_M["drafts"]:
+                    s.drafts += smp.value
+                elif smp.name == VLLM_M["draft_tokens"]:
+                    s.draft_tokens += smp.value
+                elif smp.name == VLLM_M["accepted_tokens"]:
+                    s.accepted += smp.value
+                elif smp.name == VLLM_M["accepted_tokens_per_pos"]:
+                    pos = smp.labels.get("position", "?")
+                    s.per_pos[pos] = s.per_pos.get(pos, 0.0) + smp.value
+                else:
+                    continue
+                found = s.has_counters = True
+            else:
+                if smp.name == SGLANG_M["acceptance_length"]:
+                    s.al = smp.value if s.al is None else max(s.al, smp.value)
+                    found = True
+                elif smp.name == SGLANG_M["acceptance_rate"]:
+                    s.rate = smp.value if s.rate is None else max(s.rate, smp.value)
+                    found = True
+    if not found and not any(f.name.startswith(engine + ":") for f in families):
+        raise ParseError(f"no {engine}: metrics in the engine's /metrics")
+    return s
+
+
+class SpecCollector:
+    def __init__(self, engine: str, url: str, window: float = 60.0, info: dict | None = None,
+                 gate_file: Path | None = None, timeout: float = 2.0, cache_s: float = 1.0):
+        get_adapter(engine, get_adapter_version(engine))  # validates the engine name
+        self.engine, self.url, self.window = engine, url.rstrip("/") + "/metrics", window
+        self.info = {"engine": engine, "version": "", "patch_set": "", "drafter": "", "spec_tokens": "0"}
+        self.info.update(info or {})
+        self.gate_file, self.timeout, self.cache_s = gate_file, timeout, cache_s
+        self.samples: deque[Sample] = deque()
+        self.errors = 0
+        self.up = 0
+        self.last_scrape = 0.0
+        self.lock = threading.Lock()
+
+    def _scrape(self):
+        now = time.monotonic()
+        if now - self.last_scrape < self.cache_s and self.samples:
+            return
+        self.last_scrape = now
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout) as resp:
+                if resp.status != 200:
+                    raise ParseError(f"HTTP {resp.status}")
+                text = resp.read(32 << 20).decode("utf-8", "replace")
+            s = parse_engine_metrics(self.engine, text, now)
+        except Exception:  # noqa: BLE001 - any failure means the engine is not readable right now
+            self.errors += 1
+            self.up = 0
+            return
+        self.up = 1
+        self.samples.append(s)
+        while len(self.samples) > 1 and now - self.samples[0].t > self.window:
+            self.samples.popleft()
+
+    def collect(self):
+        with self.lock:
+            self._scrape()
+            samples = list(self.samples)
+            up, errors = self.up, self.errors
+        yield GaugeMetricFamily("specdeploy_engine_up", "1 when the last engine scrape succeeded and parsed",
+                                value=up)
+        yield CounterMetricFamily("specdeploy_exporter_scrape_errors", "Failed or unparsable engine scrapes",
+                                  value=errors)
+        yield InfoMetricFamily("specdeploy_engine", "What is deployed", value=self.info)
+        if samples:
+            yield from self._spec(samples)
+        yield from self._gate()
+
+    def _spec(self, samples):
+        last = samples[-1]
+        rate = GaugeMetricFamily("specdeploy_spec_acceptance_rate", "Accepted / draft tokens over the window")
+        al = GaugeMetricFamily("specdeploy_spec_acceptance_length",
+                               "1 + accepted / drafts over the window (bonus token included)")
+        pos = GaugeMetricFamily("specdeploy_spec_position_acceptance_rate",
+                                "Accepted at position / drafts over the window", labels=["position"])
+        if self.engine == "vllm" and last.has_counters:
+            first = samples[0] if len(samples) > 1 else Sample(last.t, per_pos={k: 0.0 for k in last.per_pos})
+            d = last.drafts - first.drafts
+            dt = last.draft_tokens - first.draft_tokens
+            a = last.accepted - first.accepted
+            if d < 0 or dt < 0 or a < 0:  # engine restarted inside the window: use its own totals
+                first = Sample(last.t, per_pos={k: 0.0 for k in last.per_pos})
+                d, dt, a = last.drafts, last.draft_tokens, last.accepted
+            if dt > 0:
+                rate.add_metric([], a / dt)
+            if d > 0:
+                al.add_metric([], 1 + a / d)
+                for p in sorted(last.per_pos, key=lambda x: int(x) if x.isdigit() else 0):
+                    pos.add_metric([p], (last.per_pos[p] - first.per_pos.get(p, 0.0)) / d)
+            for name, help_, v in (("specdeploy_spec_drafts", "Engine drafts (re-exported)", last.drafts),
+                                   ("specdeploy_spec_draft_tokens", "Engine draft tokens (re-exported)",
+                                    last.draft_tokens),
+                                   ("specdeploy_spec_accepted_tokens", "Engine accepted tokens (re-exported)",
+                                    last.accepted)):
+                yield CounterMetricFamily(name, help_, value=v)
+        elif self.engine == "sglang":
+            # SGLang exports only windowed gauges of its own; average our samples over the window
+            als = [s.al for s in samples if s.al is not None]
+            rates = [s.rate for s in samples if s.rate is not None]
+            if als:
+                al.add_metric([], sum(als) / len(als))
+            if rates:
+                rate.add_metric([], sum(rates) / len(rates))
+        yield rate
+        yield al
+        yield pos
+
+    def _gate(self):
+        if not self.gate_file or not self.gate_file.is_file():
+            return
+        try:
+            rep = json.loads(self.gate_file.read_text())
+        except (OSError, json.JSONDecodeError):
+            return
+        sp = GaugeMetricFamily("specdeploy_gate_speedup", "Measured speedup of speculation vs none",
+                               labels=["concurrency"])
+        be = GaugeMetricFamily("specdeploy_gate_breakeven_acceptance_length",
+                               "Acceptance length at which speculation breaks even", labels=["concurrency"])
+        for lvl in rep.get("levels", []):
+            c = str(lvl.get("concurrency"))
+            if lvl.get("speedup") is not None:
+                sp.add_metric([c], lvl["speedup"])
+            if lvl.get("breakeven_al") is not None:
+                be.add_metric([c], lvl["breakeven_al"])
+        yield sp
+        yield be
+        v = GaugeMetricFamily("specdeploy_gate_verdict", "1 for the gate's current verdict", labels=["verdict"])
+        for verdict in ("keep", "reduce-k", "disable"):
+            v.add_metric([verdict], 1.0 if rep.get("verdict") == verdict else 0.0)
+        yield v
+        yield GaugeMetricFamily("specdeploy_gate_timestamp_seconds", "When the gate last ran",
+                                value=float(rep.get("timestamp", 0)))
+
+
+def get_adapter_version(engine: str) -> str:
+    return {"vllm": "0.33.0", "sglang": "0.5.23"}.get(engine, "0")
+
+
+def serve(engine: str, url: str, listen: str, window: float, info: dict, gate_file: Path | None):
+    from prometheus_client import start_http_server
+    from prometheus_client.core import CollectorRegistry
+    reg = CollectorRegistry()
+    reg.register(SpecCollector(engine, url, window, info, gate_file))
+    host, _, port = listen.rpartition(":")
+    server, thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=reg)
+    return server, thread

@@ -1,0 +1,98 @@
+"""Process helpers for tests that run the simulator, the exporter and Prometheus for real."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = REPO / "examples/models/kimi-k2.5-int4"
+DRAFTER = REPO / "examples/models/kimi-k2.5-eagle3"
+
+
+def free_port(host="127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 20, ok=(200,)) -> None:
+    t0 = time.time()
+    last = None
+    while time.time() - t0 < timeout:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status in ok:
+                    return
+        except Exception as exc:  # noqa: BLE001
+            last = exc
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready: {last}")
+
+
+def sim_argv(engine: str, host: str, port: int, k: int = 3, served="kimi") -> list[str]:
+    if engine == "vllm":
+        return ["vllm", "serve", str(MODEL), "--served-model-name", served, "--host", host, "--port", str(port),
+                "--speculative-config",
+                f'{{"method":"eagle3","model":"{DRAFTER}","num_speculative_tokens":{k}}}']
+    return ["python", "-m", "sglang.launch_server", "--model-path", str(MODEL), "--served-model-name", served,
+            "--host", host, "--port", str(port), "--enable-metrics", "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", str(DRAFTER), "--speculative-num-steps", str(k),
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(k + 1)]
+
+
+def start_sim(engine: str, host: str, port: int, env_extra: dict | None = None, k: int = 3) -> subprocess.Popen:
+    version = "0.16.0" if engine == "vllm" else "0.5.23"
+    env = dict(os.environ, SPECDEPLOY_SIM_LOAD_SECONDS="0", SPECDEPLOY_SIM_STEP_MS="2", **(env_extra or {}))
+    p = subprocess.Popen([sys.executable, "-m", "specdeploy.cli", "simulate", "--engine", engine, "--version",
+                          version, "--"] + sim_argv(engine, host, port, k), env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_http(f"http://{host}:{port}/health")
+    return p
+
+
+def start_exporter(engine: str, engine_url: str, host: str, port: int, window: float = 60,
+                   gate_file: Path | None = None) -> subprocess.Popen:
+    args = [sys.executable, "-m", "specdeploy.cli", "exporter", "--engine", engine, "--engine-url", engine_url,
+            "--listen", f"{host}:{port}", "--window", str(window), "--info", "version=test"]
+    if gate_file:
+        args += ["--gate-file", str(gate_file)]
+    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_http(f"http://{host}:{port}/metrics")
+    return p
+
+
+def load(engine_url: str, n: int = 5, max_tokens: int = 40):
+    import json
+    for _ in range(n):
+        req = urllib.request.Request(f"{engine_url}/v1/chat/completions", data=json.dumps(
+            {"model": "kimi", "messages": [{"role": "user", "content": "Write a haiku about GPUs."}],
+             "max_tokens": max_tokens}).encode(), headers={"content-type": "application/json"})
+        urllib.request.urlopen(req, timeout=30).read()
+
+
+def scrape(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}" if s.labels else "")
+            out[key] = s.value
+    return out
+
+
+def stop(*procs):
+    for p in procs:
+        if p and p.poll() is None:
+            p.terminate()
+    for p in procs:
+        if p:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
