@@ -78,5 +78,6 @@ def test_ansible_filter_renders_same_files_as_plan(repo):
     spec.loader.exec_module(mod)
     inv, plans, _ = plan(repo / "inventory" / "example")
     via_ansible = mod.specdeploy_plan(inv.host("gpu-a").vars, "gpu-a")
+    assert via_ansible["release"] == plans[0][2].release_id()
     assert via_ansible["files"] == plans[0][2].files
     assert via_ansible["argv"] == plans[0][2].argv

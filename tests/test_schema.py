@@ -83,6 +83,13 @@ def test_argument_specs_match_schema(repo):
             assert name in FIELDS
 
 
+def test_role_defaults_match_schema(repo):
+    from specdeploy.schema_docs import role_defaults_yaml
+    for role in ROLE_VARS:
+        path = repo / "ansible" / "roles" / role / "defaults" / "main" / "schema.yml"
+        assert path.read_text() == role_defaults_yaml(role), f"regenerate: specdeploy schema defaults {role}"
+
+
 def test_variable_docs_match_schema(repo):
     assert (repo / "docs" / "variables.md").read_text() == variables_markdown(), \
         "regenerate: specdeploy schema docs > docs/variables.md"

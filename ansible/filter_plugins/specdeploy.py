@@ -1,12 +1,13 @@
-"""Ansible filters that call the specdeploy core, so a deploy renders exactly what ``specdeploy plan`` shows."""
+"""Ansible filters that call the specdeploy core, so a deploy renders exactly what ``specdeploy plan`` shows and
+checks exactly what ``specdeploy preflight`` checks. No deployment logic lives in YAML/Jinja."""
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
 
 def _plain(obj):
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, dict) or hasattr(obj, "keys"):
+        return {str(k): _plain(obj[k]) for k in obj.keys()}
     if isinstance(obj, (list, tuple)):
         return [_plain(v) for v in obj]
     if isinstance(obj, bool) or obj is None or isinstance(obj, (int, float)):
@@ -14,25 +15,96 @@ def _plain(obj):
     return str(obj)
 
 
-def specdeploy_plan(variables, host, release="current"):
-    """Validate a host's variables and return its plan: files (path -> content), argv, env, units."""
-    from specdeploy.errors import SpecdeployError
-    from specdeploy.render import render_host
-    from specdeploy.schema import validate_host
+def _ours(variables) -> dict:
+    keys = [k for k in variables.keys() if k.startswith("specdeploy_") or k == "ansible_host"]
+    return {k: _plain(variables[k]) for k in keys}
 
-    variables = _plain(dict(variables))
+
+def _validated(variables, host):
+    from specdeploy.errors import SpecdeployError
+    from specdeploy.schema import validate_host
+    v = _ours(variables)
     try:
-        hv = validate_host(host, variables)
+        return v, validate_host(host, v)
     except SpecdeployError as exc:
         raise AnsibleFilterError("\n" + str(exc)) from None
-    return render_host(host, hv, variables.get("ansible_host", host), release).to_dict()
 
 
-def specdeploy_prometheus(targets, rules_files=None):
+def specdeploy_plan(variables, host):
+    """A host's plan: files (path -> content), argv, env, units, health paths, release id."""
+    from specdeploy.render import render_host
+    v, hv = _validated(variables, host)
+    return render_host(host, hv, v.get("ansible_host", host)).to_dict()
+
+
+def specdeploy_profile(variables, host):
+    from dataclasses import asdict
+    _, hv = _validated(variables, host)
+    return asdict(hv.profile())
+
+
+def specdeploy_preflight(variables, host, inventory_dir=None):
+    from pathlib import Path
+    from specdeploy.preflight import preflight_host
+    rep = preflight_host(host, _ours(variables), Path(inventory_dir) if inventory_dir else None)
+    out = rep.to_dict()
+    out["lines"] = [f.line() for f in rep.findings if f.severity != "info"]
+    return out
+
+
+def specdeploy_triage(text):
+    from specdeploy.triage import triage_lines
+    lines = text.splitlines() if isinstance(text, str) else list(text)
+    return triage_lines(lines).to_dict()
+
+
+def specdeploy_targets(hostvars, hosts):
+    """Scrape targets for the engine hosts, from their validated variables."""
+    out = []
+    for h in hosts:
+        v, hv = _validated(hostvars[h], h)
+        out.append({"host": h, "address": v.get("ansible_host", h), "engine": hv.specdeploy_engine,
+                    "engine_port": hv.specdeploy_port, "exporter_port": hv.specdeploy_exporter_port})
+    return out
+
+
+def specdeploy_prometheus(targets, rules_files=None, scrape_interval="15s"):
     from specdeploy.render import render_prometheus
-    return render_prometheus(_plain(targets), _plain(rules_files or []))
+    return render_prometheus(_plain(targets), _plain(rules_files or []), scrape_interval)
+
+
+def specdeploy_rules(_=None, **overrides):
+    from specdeploy.monitoring import render_rules
+    return render_rules(**overrides)
+
+
+def specdeploy_dashboard(_=None):
+    from specdeploy.monitoring import dashboard_json
+    return dashboard_json()
+
+
+def specdeploy_grafana(prometheus_url, kind, path=""):
+    from specdeploy.monitoring import grafana_dashboard_provider, grafana_datasource
+    return grafana_datasource(prometheus_url) if kind == "datasource" else grafana_dashboard_provider(path)
+
+
+def specdeploy_image(variables, host):
+    _, hv = _validated(variables, host)
+    from specdeploy.images import image_tag, upstream_image
+    from specdeploy.patches import patch_set_id, required_patches
+    e, ver, mode = hv.specdeploy_engine, hv.specdeploy_engine_version, hv.specdeploy_engine_patches
+    return {"tag": hv.specdeploy_image or image_tag(e, ver, mode), "base": upstream_image(e, ver),
+            "patch_set": patch_set_id(e, ver, mode),
+            "patches": list(required_patches(e, ver)) if mode == "auto" else [],
+            "version_arg": "VLLM_VERSION" if e == "vllm" else "SGLANG_VERSION"}
+
+
+def specdeploy_gate_verdict(report):
+    """The inventory overrides that apply a gate report's verdict."""
+    from specdeploy.gate import verdict_overrides
+    return verdict_overrides(_plain(report))
 
 
 class FilterModule:
     def filters(self):
-        return {"specdeploy_plan": specdeploy_plan, "specdeploy_prometheus": specdeploy_prometheus}
+        return {name: fn for name, fn in globals().items() if name.startswith("specdeploy_") and callable(fn)}

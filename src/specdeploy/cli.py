@@ -27,6 +27,9 @@ app.add_typer(drafter_app, name="drafter")
 from .patch_cli import patch_app  # noqa: E402
 
 app.add_typer(patch_app, name="patch")
+from .sandbox_cli import sandbox_app  # noqa: E402
+
+app.add_typer(sandbox_app, name="sandbox")
 from .ops_cli import register  # noqa: E402
 
 register(app)
@@ -165,11 +168,25 @@ def exporter_cmd(engine: str = typer.Option(..., "--engine"), engine_url: str = 
         _t.sleep(3600)
 
 
+@app.command("wheelhouse")
+def wheelhouse_cmd(out: Path = typer.Option(..., "--out")):
+    """Build the wheelhouse hosts install specdeploy from (offline); prints its stamp."""
+    from .wheelhouse import build
+    print(build(out))
+
+
 @schema_app.command("docs")
 def schema_docs():
     """Print the variable reference (docs/variables.md)."""
     from .schema_docs import variables_markdown
     sys.stdout.write(variables_markdown())
+
+
+@schema_app.command("defaults")
+def schema_defaults(role: str = typer.Argument(..., help="Role name")):
+    """Print a role's defaults/main/schema.yml, generated from the schema."""
+    from .schema_docs import role_defaults_yaml
+    sys.stdout.write(role_defaults_yaml(role))
 
 
 @schema_app.command("argspec")

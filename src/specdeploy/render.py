@@ -77,12 +77,22 @@ class HostPlan:
     drafter_path: str | None
     files: dict[str, str] = field(default_factory=dict)  # path on host -> content
     ports: dict[str, int] = field(default_factory=dict)
+    health: dict[str, str] = field(default_factory=dict)
+    served_model_name: str = ""
 
     def summary(self) -> dict:
         return {"engine": self.engine, "version": self.version, "runtime": self.runtime, "tp": self.tp,
                 "speculation": self.spec, "nccl": self.nccl_source, "ports": self.ports,
                 "engine_unit": self.engine_unit, "exporter_unit": self.exporter_unit, "image": self.image,
-                "drafter_path": self.drafter_path}
+                "drafter_path": self.drafter_path, "health": self.health,
+                "served_model_name": self.served_model_name, "release": self.release_id()}
+
+    def release_id(self) -> str:
+        """Content hash of everything installed: the same inputs give the same release."""
+        import hashlib
+        import json
+        blob = json.dumps({"files": self.files, "image": self.image}, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
 
     def to_dict(self) -> dict:
         d = self.summary()
@@ -136,7 +146,7 @@ def exec_argv(hv: HostVars, argv: list[str], image: str | None) -> list[str]:
     return run + ["--entrypoint", entry, image] + inner[1:]
 
 
-def render_host(host: str, hv: HostVars, address: str | None = None, release: str = "current") -> HostPlan:
+def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan:
     adapter, cmd = engine_command(hv)
     env_vars, nccl_source = nccl_env.resolve(hv)
     env = dict(env_vars)
@@ -157,7 +167,7 @@ def render_host(host: str, hv: HostVars, address: str | None = None, release: st
         credential=(f"sglang-api-key.yaml:{CONFIG_DIR}/secrets/sglang-api-key.yaml"
                     if any(CRED_TOKEN in a for a in cmd.argv) else None),
         docker=(hv.specdeploy_runtime == "docker" and not hv.specdeploy_sandbox),
-        user=SERVICE_USER, state_dir=STATE_DIR, release=release,
+        user=SERVICE_USER, state_dir=STATE_DIR,
         start_timeout=hv.specdeploy_start_timeout,
     )
     j = jinja_env()
@@ -183,6 +193,8 @@ def render_host(host: str, hv: HostVars, address: str | None = None, release: st
         exporter_unit="specdeploy-exporter.service", argv=cmd.argv, env=env, image=image,
         drafter_path=converted_drafter_path(hv), files=files,
         ports={"engine": hv.specdeploy_port, "exporter": hv.specdeploy_exporter_port},
+        health={"liveness": adapter.health.liveness, "readiness": adapter.health.readiness},
+        served_model_name=hv.served_model_name,
     )
 
 

@@ -94,6 +94,21 @@ def argument_specs(role: str) -> dict:
     }}}
 
 
+def role_defaults(role: str) -> dict:
+    """Schema defaults as Ansible role defaults (argument_specs defaults are documentation only)."""
+    out = {}
+    for n in ROLE_VARS[role]:
+        f = FIELDS[n]
+        if not f.is_required():
+            out[n] = f.get_default(call_default_factory=True)
+    return out
+
+
+def role_defaults_yaml(role: str) -> str:
+    return ("---\n# Generated from specdeploy.schema.HostVars by `specdeploy schema defaults " + role + "`; "
+            "do not edit.\n" + yaml.safe_dump(role_defaults(role), sort_keys=False, width=110))
+
+
 def argument_specs_yaml(role: str) -> str:
     return "---\n" + yaml.safe_dump(argument_specs(role), sort_keys=False, width=110)
 

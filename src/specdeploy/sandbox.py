@@ -1,0 +1,296 @@
+"""Sandbox hosts: real Debian bookworm machines booted with systemd-nspawn, for demos, tests and CI.
+
+Each host gets its own network namespace and veth pair, and an overlayfs upper dir on one cached debootstrap
+rootfs. The controller reaches them over SSH (paramiko here, OpenSSH for Ansible). Needs root.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import Finding, SpecdeployError
+
+CACHE = Path(os.environ.get("SPECDEPLOY_SANDBOX_CACHE", "/var/cache/specdeploy"))
+STATE = Path(os.environ.get("SPECDEPLOY_SANDBOX_STATE", "/var/lib/specdeploy-sandbox"))
+MIRROR = os.environ.get("SPECDEPLOY_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "iproute2",
+            "ca-certificates", "rsync", "procps", "curl", "prometheus"]
+NSPAWN_RUNTIME = Path("/run/systemd/nspawn")
+NET_PREFIX = "10.231"
+
+
+@dataclass
+class SandboxHost:
+    name: str
+    index: int
+
+    @property
+    def netns(self) -> str:
+        return f"sd-{self.name}"
+
+    @property
+    def address(self) -> str:
+        return f"{NET_PREFIX}.{self.index}.2"
+
+    @property
+    def gateway(self) -> str:
+        return f"{NET_PREFIX}.{self.index}.1"
+
+    @property
+    def dir(self) -> Path:
+        return STATE / "hosts" / self.name
+
+    @property
+    def veth_host(self) -> str:
+        return f"sdh{self.index}"
+
+    @property
+    def veth_peer(self) -> str:
+        return f"sdc{self.index}"
+
+
+def _run(cmd: list[str], check=True, **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if check and r.returncode != 0:
+        raise SpecdeployError([Finding("error", " ".join(cmd[:3]), (r.stderr or r.stdout).strip()[-400:],
+                                       "run as root on a host with systemd-nspawn, iproute2 and overlayfs")])
+    return r
+
+
+def _require_root():
+    if os.geteuid() != 0:
+        raise SpecdeployError([Finding("error", "sandbox", "needs root (network namespaces, overlayfs, nspawn)",
+                                       "run as root, e.g. sudo specdeploy sandbox up")])
+    for tool in ("systemd-nspawn", "ip", "debootstrap"):
+        if not shutil.which(tool):
+            raise SpecdeployError([Finding("error", "sandbox", f"{tool} is not installed",
+                                           "bash scripts/setup.sh installs systemd-container, iproute2, debootstrap")])
+
+
+def rootfs(progress=None) -> Path:
+    """The cached bookworm rootfs (debootstrap once, ~1-2 minutes; reused afterwards)."""
+    root = CACHE / "rootfs-bookworm"
+    stamp = root / ".specdeploy-rootfs"
+    want = " ".join(PACKAGES)
+    if stamp.is_file() and stamp.read_text().strip() == want:
+        return root
+    tmp = CACHE / "rootfs-bookworm.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    if progress:
+        progress("debootstrap bookworm (cached after the first run)")
+    _run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", "bookworm", str(tmp), MIRROR],
+         timeout=1200)
+    # sshd: keys only; no first-boot wait for network
+    sshd = tmp / "etc/ssh/sshd_config.d/specdeploy.conf"
+    sshd.write_text("PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n")
+    (tmp / "etc/systemd/system/systemd-networkd-wait-online.service").symlink_to("/dev/null")
+    (tmp / ".specdeploy-rootfs").write_text(want + "\n")
+    shutil.rmtree(root, ignore_errors=True)
+    tmp.rename(root)
+    return root
+
+
+def keypair() -> tuple[Path, str]:
+    import paramiko
+    key_path = STATE / "id_ed25519"
+    if not key_path.is_file():
+        STATE.mkdir(parents=True, exist_ok=True)
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "specdeploy-sandbox", "-f", str(key_path)])
+    pub = (STATE / "id_ed25519.pub").read_text().strip()
+    paramiko.Ed25519Key.from_private_key_file(str(key_path))  # fails early on a corrupt key
+    return key_path, pub
+
+
+def _ensure_nspawn_runtime():
+    NSPAWN_RUNTIME.mkdir(parents=True, exist_ok=True)
+    if _run(["mountpoint", "-q", str(NSPAWN_RUNTIME)], check=False).returncode != 0:
+        _run(["mount", "-t", "tmpfs", "tmpfs", str(NSPAWN_RUNTIME)])
+
+
+def _pid(h: SandboxHost) -> int | None:
+    f = h.dir / "nspawn.pid"
+    if not f.is_file():
+        return None
+    pid = int(f.read_text())
+    try:
+        os.kill(pid, 0)
+        return pid
+    except ProcessLookupError:
+        return None
+
+
+def _net_up(h: SandboxHost):
+    if _run(["ip", "netns", "list"]).stdout.split().count(h.netns) == 0:
+        _run(["ip", "netns", "add", h.netns])
+    if _run(["ip", "link", "show", h.veth_host], check=False).returncode != 0:
+        _run(["ip", "link", "add", h.veth_host, "type", "veth", "peer", "name", h.veth_peer])
+        _run(["ip", "link", "set", h.veth_peer, "netns", h.netns])
+        _run(["ip", "addr", "add", f"{h.gateway}/24", "dev", h.veth_host])
+        _run(["ip", "-n", h.netns, "addr", "add", f"{h.address}/24", "dev", h.veth_peer])
+    _run(["ip", "link", "set", h.veth_host, "up"])
+    _run(["ip", "-n", h.netns, "link", "set", h.veth_peer, "up"])
+    _run(["ip", "-n", h.netns, "link", "set", "lo", "up"])
+    _run(["ip", "-n", h.netns, "route", "replace", "default", "via", h.gateway])
+
+
+def _overlay(h: SandboxHost, lower: Path) -> Path:
+    merged = h.dir / "merged"
+    for d in ("upper", "work", "merged"):
+        (h.dir / d).mkdir(parents=True, exist_ok=True)
+    if _run(["mountpoint", "-q", str(merged)], check=False).returncode != 0:
+        _run(["mount", "-t", "overlay", "overlay", "-o",
+              f"lowerdir={lower},upperdir={h.dir / 'upper'},workdir={h.dir / 'work'}", str(merged)])
+    return merged
+
+
+def _wait_ssh(h: SandboxHost, key: Path, timeout: float = 90):
+    import paramiko
+    t0 = time.time()
+    last = None
+    while time.time() - t0 < timeout:
+        c = paramiko.SSHClient()
+        c.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        try:
+            c.connect(h.address, username="root", key_filename=str(key), timeout=3, banner_timeout=5,
+                      auth_timeout=5, allow_agent=False, look_for_keys=False)
+            _, out, _ = c.exec_command("systemctl is-system-running --wait", timeout=60)
+            state = out.read().decode().strip()
+            if state in ("running", "degraded"):
+                return state
+            last = state
+        except Exception as exc:  # noqa: BLE001 - sshd is still starting
+            last = exc
+        finally:
+            c.close()
+        time.sleep(1)
+    raise SpecdeployError([Finding("error", h.name, f"no SSH within {timeout:.0f} s ({last})",
+                                   f"see {h.dir / 'console.log'}")])
+
+
+def hosts_from_state() -> list[SandboxHost]:
+    f = STATE / "hosts.json"
+    if not f.is_file():
+        return []
+    return [SandboxHost(**d) for d in json.loads(f.read_text())]
+
+
+def up(n: int = 2, progress=None) -> list[SandboxHost]:
+    _require_root()
+    lower = rootfs(progress)
+    key, pub = keypair()
+    _ensure_nspawn_runtime()
+    _run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+    hosts = [SandboxHost(f"sdhost{i}", i) for i in range(1, n + 1)]
+    for h in hosts:
+        if progress:
+            progress(f"boot {h.name} ({h.address})")
+        _net_up(h)
+        if _pid(h):
+            continue
+        merged = _overlay(h, lower)
+        (merged / "etc/hostname").write_text(h.name + "\n")
+        ssh_dir = merged / "root/.ssh"
+        ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (ssh_dir / "authorized_keys").write_text(pub + "\n")
+        os.chmod(ssh_dir / "authorized_keys", 0o600)
+        (merged / "etc/hosts").write_text("127.0.0.1 localhost\n" + "".join(
+            f"{x.address} {x.name}\n" for x in hosts))
+        log = open(h.dir / "console.log", "ab")
+        p = subprocess.Popen(["systemd-nspawn", "--register=no", "--keep-unit", "-q", "-b", "-D", str(merged),
+                              f"--network-namespace-path=/run/netns/{h.netns}", f"--machine={h.name}",
+                              f"--hostname={h.name}"],
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        (h.dir / "nspawn.pid").write_text(str(p.pid))
+    existing = {x.name: x for x in hosts_from_state()}
+    existing.update({h.name: h for h in hosts})
+    STATE.mkdir(parents=True, exist_ok=True)
+    (STATE / "hosts.json").write_text(json.dumps([{"name": h.name, "index": h.index} for h in existing.values()]))
+    for h in hosts:
+        if progress:
+            progress(f"wait for SSH on {h.name}")
+        _wait_ssh(h, key)
+    return hosts
+
+
+def stop_host(h: SandboxHost, timeout: float = 30):
+    pid = _pid(h)
+    if pid:
+        os.kill(pid, signal.SIGTERM)  # nspawn asks the container's systemd to power off
+        t0 = time.time()
+        while time.time() - t0 < timeout and _pid(h):
+            time.sleep(0.3)
+        if _pid(h):
+            os.killpg(pid, signal.SIGKILL)
+    (h.dir / "nspawn.pid").unlink(missing_ok=True)
+
+
+def down(progress=None):
+    _require_root()
+    for h in hosts_from_state():
+        if progress:
+            progress(f"stop {h.name}")
+        stop_host(h)
+        merged = h.dir / "merged"
+        if _run(["mountpoint", "-q", str(merged)], check=False).returncode == 0:
+            _run(["umount", str(merged)], check=False)
+        _run(["ip", "link", "del", h.veth_host], check=False)
+        _run(["ip", "netns", "del", h.netns], check=False)
+        shutil.rmtree(h.dir, ignore_errors=True)
+    (STATE / "hosts.json").unlink(missing_ok=True)
+
+
+def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = "vllm") -> Path:
+    """inventory/sandbox: the hosts above as engine hosts, the controller as the monitoring host."""
+    key, _ = keypair()
+    repo = Path(__file__).resolve().parents[2]
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "group_vars").mkdir(exist_ok=True)
+    inv = {"all": {"children": {
+        "specdeploy_engines": {"hosts": {h.name: {"ansible_host": h.address} for h in hosts}},
+        "specdeploy_monitoring": {"hosts": {hosts[0].name: {}}},
+    }}}
+    import yaml
+    (dest / "hosts.yml").write_text("# Written by `specdeploy sandbox up`.\n" + yaml.safe_dump(inv, sort_keys=False))
+    artifacts = STATE / "artifacts"
+    gv = {
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(key),
+        "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "specdeploy_sandbox": True,
+        "specdeploy_runtime": "venv",
+        "specdeploy_engine": engine,
+        "specdeploy_engine_version": "0.16.0" if engine == "vllm" else "0.5.23",
+        "specdeploy_hardware": "rtx_pro_6000_pcie",
+        "specdeploy_model_path": "/models/kimi-k2.5-int4",
+        "specdeploy_model_local_path": str(repo / "examples/models/kimi-k2.5-int4"),
+        "specdeploy_served_model_name": "moonshotai/Kimi-K2.5",
+        "specdeploy_spec_enabled": True,
+        "specdeploy_spec_method": "eagle3",
+        "specdeploy_drafter_path": "/models/kimi-k2.5-eagle3",
+        "specdeploy_drafter_local_path": str(artifacts / "kimi-k2.5-eagle3"),
+        "specdeploy_spec_num_tokens": 3,
+        "specdeploy_port": 8000,
+        "specdeploy_ready_timeout_s": 120,
+        "specdeploy_engine_env": {"SPECDEPLOY_SIM_LOAD_SECONDS": "3", "SPECDEPLOY_SIM_STEP_MS": "5"},
+    }
+    (dest / "group_vars" / "specdeploy_engines.yml").write_text(
+        "---\n# Written by `specdeploy sandbox up`; edit freely (e.g. specdeploy_engine: sglang).\n"
+        + yaml.safe_dump(gv, sort_keys=False))
+    return dest
+
+
+def artifacts() -> Path:
+    """A realistic-size sparse EAGLE-3 drafter for the sandbox (trained-convention: vLLM ids, layers.0.*)."""
+    from .fixtures import drafter_config, write_drafter
+    d = STATE / "artifacts" / "kimi-k2.5-eagle3"
+    if not (d / "model.safetensors").is_file():
+        write_drafter(d, drafter_config(eagle_config=None))
+    return d

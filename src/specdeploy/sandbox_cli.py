@@ -1,0 +1,55 @@
+"""``specdeploy sandbox up|down|status``."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from .errors import SpecdeployError
+
+sandbox_app = typer.Typer(no_args_is_help=True, help="Real Debian sandbox hosts (systemd-nspawn) for demos and CI.")
+
+
+def _fail(exc: SpecdeployError):
+    for p in exc.problems:
+        print(p.line(), file=sys.stderr)
+    raise typer.Exit(2)
+
+
+@sandbox_app.command("up")
+def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
+           inventory: Path = typer.Option(Path("inventory/sandbox"), "--inventory", help="inventory to write"),
+           engine: str = typer.Option("vllm", "--engine")):
+    """Boot N hosts (debootstrap cached), write an inventory pointing at them."""
+    from rich.console import Console
+    from . import sandbox
+    con = Console(stderr=True)
+    try:
+        with con.status("sandbox") as st:
+            hs = sandbox.up(hosts, progress=lambda m: (st.update(m), con.log(m)))
+            st.update("drafter artifact")
+            sandbox.artifacts()
+            sandbox.write_inventory(hs, inventory, engine)
+    except SpecdeployError as exc:
+        _fail(exc)
+    for h in hs:
+        print(f"{h.name}\t{h.address}")
+    print(f"inventory: {inventory}")
+
+
+@sandbox_app.command("down")
+def down_cmd():
+    """Stop every sandbox host and remove its network and overlay."""
+    from . import sandbox
+    try:
+        sandbox.down(progress=lambda m: print(m, file=sys.stderr))
+    except SpecdeployError as exc:
+        _fail(exc)
+
+
+@sandbox_app.command("status")
+def status_cmd():
+    from . import sandbox
+    for h in sandbox.hosts_from_state():
+        print(f"{h.name}\t{h.address}\t{'running' if sandbox._pid(h) else 'stopped'}")
