@@ -99,6 +99,15 @@ def specdeploy_image(variables, host):
             "version_arg": "VLLM_VERSION" if e == "vllm" else "SGLANG_VERSION"}
 
 
+def specdeploy_router_unit(hostvars, hosts, router_port, venv):
+    from specdeploy.render import render_router
+    urls = []
+    for h in hosts:
+        v, hv = _validated(hostvars[h], h)
+        urls.append(f"http://{v.get('ansible_host', h)}:{hv.specdeploy_port}")
+    return render_router(urls, int(router_port), venv)
+
+
 def specdeploy_gate_verdict(report):
     """The inventory overrides that apply a gate report's verdict."""
     from specdeploy.gate import verdict_overrides

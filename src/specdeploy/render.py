@@ -213,3 +213,11 @@ def prometheus_targets(plans: list[tuple[str, str, HostPlan]]) -> list[dict]:
     """(host, address, plan) -> one target dict per host."""
     return [{"host": h, "address": a, "engine": p.engine, "engine_port": p.ports["engine"],
              "exporter_port": p.ports["exporter"]} for h, a, p in plans]
+
+
+def render_router(worker_urls: list[str], port: int, venv: str, policy: str = "round_robin") -> str:
+    """systemd unit for sglang-router in front of the replicas (it serves vLLM and SGLang workers alike)."""
+    argv = [f"{venv}/bin/python", "-m", "sglang_router.launch_router", "--host", "0.0.0.0", "--port", str(port),
+            "--policy", policy, "--health-check-interval-secs", "5", "--retry-max-retries", "3",
+            "--worker-urls", *worker_urls]
+    return jinja_env().get_template("router.service.j2").render(exec_argv=argv, user=SERVICE_USER)

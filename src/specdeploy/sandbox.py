@@ -255,6 +255,7 @@ def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = "vllm") 
     inv = {"all": {"children": {
         "specdeploy_engines": {"hosts": {h.name: {"ansible_host": h.address} for h in hosts}},
         "specdeploy_monitoring": {"hosts": {hosts[0].name: {}}},
+        "specdeploy_routers": {"hosts": {hosts[0].name: {}}},
     }}}
     import yaml
     (dest / "hosts.yml").write_text("# Written by `specdeploy sandbox up`.\n" + yaml.safe_dump(inv, sort_keys=False))
@@ -278,6 +279,7 @@ def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = "vllm") 
         "specdeploy_drafter_local_path": str(artifacts / "kimi-k2.5-eagle3"),
         "specdeploy_spec_num_tokens": 3,
         "specdeploy_port": 8000,
+        "specdeploy_router": "sglang-router" if len(hosts) > 1 else "none",
         "specdeploy_ready_timeout_s": 120,
         "specdeploy_engine_env": {"SPECDEPLOY_SIM_LOAD_SECONDS": "3", "SPECDEPLOY_SIM_STEP_MS": "5"},
     }

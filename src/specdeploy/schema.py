@@ -89,6 +89,12 @@ class HostVars(BaseModel):
         default_factory=dict, description="Extra environment variables for the engine unit.")
     specdeploy_nccl_env: dict[str, str] | None = Field(
         None, description="Tuned NCCL environment (written by `specdeploy nccl choose`); overrides the profile's.")
+    specdeploy_router: Literal["none", "sglang-router"] = Field(
+        "none", description="Put a router in front of the group's replicas (`sglang-router`, which serves vLLM and "
+        "SGLang workers alike); rolling deploys then drain each replica through it.")
+    specdeploy_router_port: int = Field(30080, ge=1, le=65535, description="Router HTTP port.")
+    specdeploy_serial: int | str | None = Field(
+        None, description="Ansible `serial` for deploy.yml (e.g. 1 for a rolling deploy); default all at once.")
     specdeploy_port: int = Field(8000, ge=1, le=65535, description="Engine HTTP port.")
     specdeploy_bind_address: str = Field("0.0.0.0", description="Engine bind address.")
     specdeploy_api_key_file: str | None = Field(

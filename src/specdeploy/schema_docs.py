@@ -24,6 +24,7 @@ ROLE_VARS: dict[str, list[str]] = {
     "inference_engine": _ALL,
     "spec_exporter": ["specdeploy_engine", "specdeploy_engine_version", "specdeploy_port",
                       "specdeploy_exporter_port", "specdeploy_venv_path"],
+    "router": ["specdeploy_router", "specdeploy_router_port", "specdeploy_port", "specdeploy_venv_path"],
 }
 ROLE_DESCRIPTIONS = {
     "gpu_host": "Prepare a GPU host: driver checks, persistence mode, fabric manager, ACS/IOMMU, memlock.",
@@ -32,6 +33,7 @@ ROLE_DESCRIPTIONS = {
     "drafter": "Check the drafter and convert it for the engine.",
     "inference_engine": "Render the units from the core, start the engine, gate readiness, roll back on failure.",
     "spec_exporter": "Run the speculative-decoding exporter next to the engine.",
+    "router": "Run sglang-router in front of a group's replicas; drain and re-add replicas in rolling deploys.",
 }
 
 
@@ -109,8 +111,15 @@ def role_defaults_yaml(role: str) -> str:
             "do not edit.\n" + yaml.safe_dump(role_defaults(role), sort_keys=False, width=110))
 
 
+class _IndentedDumper(yaml.SafeDumper):
+    """Indent block sequences under their key, as yamllint (and ansible-lint) expect."""
+
+    def increase_indent(self, flow=False, indentless=False):
+        return super().increase_indent(flow, False)
+
+
 def argument_specs_yaml(role: str) -> str:
-    return "---\n" + yaml.safe_dump(argument_specs(role), sort_keys=False, width=110)
+    return "---\n" + yaml.dump(argument_specs(role), Dumper=_IndentedDumper, sort_keys=False, width=110)
 
 
 def variables_markdown() -> str:
