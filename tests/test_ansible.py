@@ -1,0 +1,33 @@
+"""Every playbook passes --syntax-check and the roles pass ansible-lint at the production profile."""
+import subprocess
+
+import pytest
+
+from helpers import REPO
+
+PLAYBOOKS = sorted(p.name for p in (REPO / "ansible").glob("*.yml"))
+
+
+@pytest.mark.parametrize("playbook", PLAYBOOKS)
+def test_syntax_check(playbook):
+    r = subprocess.run(["ansible-playbook", "-i", "inventory/example", "--syntax-check", f"ansible/{playbook}"],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_required_playbook_exists():
+    assert {"site.yml", "provision.yml", "build.yml", "deploy.yml", "rollback.yml", "verify.yml"} <= set(PLAYBOOKS)
+
+
+def test_ansible_lint_production_profile():
+    r = subprocess.run(["ansible-lint", "--profile", "production", "ansible/"], cwd=REPO, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert "Profile 'production' was required, and it passed" in r.stdout + r.stderr
+
+
+def test_every_role_has_argument_specs_defaults_and_handlers():
+    for role in (REPO / "ansible/roles").iterdir():
+        for part in ("meta/argument_specs.yml", "handlers/main.yml", "tasks/main.yml"):
+            assert (role / part).is_file(), f"{role.name} lacks {part}"
+        assert any((role / "defaults").rglob("*.yml")), f"{role.name} lacks defaults"

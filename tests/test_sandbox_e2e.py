@@ -1,0 +1,147 @@
+"""End to end on real sandbox hosts (systemd-nspawn, bookworm): deploy, idempotence, rolling deploy under
+load through the router, a broken engine config that triages and rolls back, and an engine switch."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
+    reason="needs root and systemd-nspawn (CI runs as root; scripts/setup.sh installs systemd-container)")]
+
+H1, H2 = "10.231.1.2", "10.231.2.2"
+ROUTER = f"http://{H1}:30080"
+
+
+@pytest.fixture(scope="module")
+def inv(tmp_path_factory):
+    from specdeploy import sandbox
+    hosts = sandbox.up(2)
+    sandbox.artifacts()
+    return sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm")
+
+
+def play(inv: Path, *extra: str, playbook="deploy.yml", limit=None) -> tuple[int, str, dict]:
+    cmd = ["ansible-playbook", "-i", str(inv), str(REPO / "ansible" / playbook)]
+    for e in extra:
+        cmd += ["-e", e]
+    if limit:
+        cmd += ["--limit", limit]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1200)
+    recap = {m.group(1): {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
+             for m in re.finditer(r"^(\S+)\s+:\s+(ok=.*)$", r.stdout, re.M)}
+    return r.returncode, r.stdout + r.stderr, recap
+
+
+def ssh(host: str, cmd: str) -> str:
+    from specdeploy.sandbox import STATE
+    r = subprocess.run(["ssh", "-i", str(STATE / "id_ed25519"), "-o", "StrictHostKeyChecking=no", "-o",
+                        "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"root@{host}", cmd],
+                       capture_output=True, text=True, timeout=60)
+    return r.stdout
+
+
+def chat(base: str, timeout=30) -> dict:
+    req = urllib.request.Request(f"{base}/v1/chat/completions", data=json.dumps({
+        "model": "moonshotai/Kimi-K2.5", "max_tokens": 8,
+        "messages": [{"role": "user", "content": "Explain speculative decoding in one line."}]}).encode(),
+        headers={"content-type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=timeout))
+
+
+def test_full_deploy_to_two_hosts(inv):
+    rc, out, recap = play(inv)
+    assert rc == 0, out[-3000:]
+    for h in (H1, H2):
+        assert chat(f"http://{h}:8000")["choices"][0]["message"]["content"]
+        assert ssh(h, "systemctl is-active specdeploy-vllm specdeploy-exporter").split() == ["active", "active"]
+        metrics = urllib.request.urlopen(f"http://{h}:9450/metrics", timeout=10).read().decode()
+        assert "specdeploy_engine_up 1.0" in metrics
+        # the drafter was converted on the host and checked for the engine
+        meta = json.loads(ssh(h, "cat /var/lib/specdeploy/drafter/vllm/specdeploy-conversion.json"))
+        assert meta["engine"] == "vllm"
+    assert chat(ROUTER)["choices"]
+    targets = json.load(urllib.request.urlopen(f"http://{H1}:9090/api/v1/targets", timeout=10))
+    up = {(t["labels"]["job"], t["labels"]["host"]) for t in targets["data"]["activeTargets"] if t["health"] == "up"}
+    assert {("specdeploy_exporter", "sdhost1"), ("specdeploy_exporter", "sdhost2")} <= up or \
+        {("specdeploy_engine", "sdhost1"), ("specdeploy_engine", "sdhost2")} <= up
+
+
+def test_second_run_changes_nothing(inv):
+    rc, out, recap = play(inv)
+    assert rc == 0, out[-3000:]
+    assert recap and all(v["changed"] == 0 for v in recap.values()), recap
+
+
+def test_rolling_deploy_under_load_loses_no_request(inv):
+    stop = threading.Event()
+    stats = {"ok": 0, "failed": 0, "errors": []}
+
+    def load():
+        t0 = time.time()
+        while not stop.is_set() and time.time() - t0 < 900:  # bounded in time and count
+            if stats["ok"] + stats["failed"] >= 20000:
+                break
+            try:
+                chat(ROUTER, timeout=60)
+                stats["ok"] += 1
+            except Exception as exc:  # noqa: BLE001
+                stats["failed"] += 1
+                stats["errors"].append(repr(exc)[:200])
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=load) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        rc, out, recap = play(inv, "specdeploy_serial=1", "specdeploy_spec_num_tokens=4")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert rc == 0, out[-3000:]
+    assert "Take the replica out of the router" in out and "Put the replica back into the router" in out
+    assert stats["ok"] > 50 and stats["failed"] == 0, stats
+    for h in (H1, H2):
+        assert '"num_speculative_tokens":4' in ssh(h, "cat /etc/specdeploy/specdeploy-vllm.argv").replace("\\", "")
+
+
+def test_broken_engine_config_triage_and_rollback(inv):
+    before = ssh(H2, "cat /var/lib/specdeploy/current").strip()
+    crash = json.dumps({"specdeploy_engine_env": {"SPECDEPLOY_SIM_CRASH": "load", "SPECDEPLOY_SIM_LOAD_SECONDS": "1"},
+                        "specdeploy_ready_timeout_s": 25, "specdeploy_spec_num_tokens": 4})
+    rc, out, recap = play(inv, crash, limit="sdhost2")
+    assert rc != 0
+    assert "TRIAGE specdeploy-vllm.service on sdhost2" in out
+    assert "'KimiK25Config' object has no attribute 'image_token_index'" in out
+    assert "kimi-image-token-index" in out and "Worker_TP" in out
+    assert f"Rolled back to release {before}" in out
+    assert ssh(H2, "cat /var/lib/specdeploy/current").strip() == before
+    assert chat(f"http://{H2}:8000")["choices"][0]["message"]["content"]
+    assert "SPECDEPLOY_SIM_CRASH" not in ssh(H2, "cat /etc/specdeploy/specdeploy-vllm.env")
+
+
+def test_engine_switch_vllm_to_sglang(inv):
+    rc, out, recap = play(inv, "specdeploy_engine=sglang", "specdeploy_engine_version=0.5.23",
+                          "specdeploy_spec_num_tokens=4")
+    assert rc == 0, out[-3000:]
+    for h in (H1, H2):
+        assert ssh(h, "test -e /etc/systemd/system/specdeploy-vllm.service && echo present || echo gone").strip() == "gone"
+        assert ssh(h, "systemctl is-active specdeploy-sglang").strip() == "active"
+        urllib.request.urlopen(f"http://{h}:8000/health_generate", timeout=30)  # same port, SGLang semantics
+        metrics = urllib.request.urlopen(f"http://{h}:9450/metrics", timeout=10).read().decode()
+        assert 'engine="sglang"' in metrics and "specdeploy_engine_up 1.0" in metrics
+        cfg = json.loads(ssh(h, "cat /var/lib/specdeploy/drafter/sglang/config.json"))
+        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 29, 57]
+    assert chat(ROUTER)["choices"]
