@@ -47,7 +47,8 @@ def sim_argv(engine: str, host: str, port: int, k: int = 3, served="kimi") -> li
 
 def start_sim(engine: str, host: str, port: int, env_extra: dict | None = None, k: int = 3) -> subprocess.Popen:
     version = "0.16.0" if engine == "vllm" else "0.5.23"
-    env = dict(os.environ, SPECDEPLOY_SIM_LOAD_SECONDS="0", SPECDEPLOY_SIM_STEP_MS="2", **(env_extra or {}))
+    env = dict(os.environ, SPECDEPLOY_SIM_LOAD_SECONDS="0", SPECDEPLOY_SIM_STEP_MS="2")
+    env.update(env_extra or {})
     p = subprocess.Popen([sys.executable, "-m", "specdeploy.cli", "simulate", "--engine", engine, "--version",
                           version, "--"] + sim_argv(engine, host, port, k), env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

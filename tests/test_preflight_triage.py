@@ -123,6 +123,22 @@ def test_breakeven_examples():
     assert round(b.speedup, 2) == 0.66 and b.verdict == "disable"
     b = breakeven(3.0, 2.2)
     assert round(b.speedup, 2) == 1.36 and b.verdict == "keep"
-    assert breakeven(2.3, 2.2).verdict == "marginal"
+    assert breakeven(2.3, 2.2).verdict == "disable"  # 1.05x does not clear the 10% margin
     with pytest.raises(ValueError):
         breakeven(0.5, 2.2)
+
+
+def test_gate_decisions():
+    from specdeploy.gate import decide, predict_k, verdict_overrides
+    # position 0 accepts often, later positions rarely, and the draft is expensive: k=1 is predicted better
+    lv = {"speedup": 2.03 / 1.9, "per_position": [0.85, 0.15, 0.03], "step_ratio": 1.9, "acceptance_length": 2.03}
+    preds = predict_k(lv["per_position"], lv["step_ratio"], 3)
+    assert preds[1] > preds[3]
+    verdict, k, why = decide([lv], 3)
+    assert (verdict, k) == ("reduce-k", 1) and "k=1" in why
+    assert verdict_overrides({"verdict": "reduce-k", "recommended_k": 1}) == {"specdeploy_spec_num_tokens": 1}
+    # consistent inputs: speedup = AL / step ratio
+    assert decide([{"speedup": 2.9 / 1.6, "per_position": [0.8, 0.6, 0.5], "step_ratio": 1.6}], 3)[0] == "keep"
+    assert decide([{"speedup": 1.15 / 2.2, "per_position": [0.1, 0.03, 0.02], "step_ratio": 2.2}], 3)[0] == "disable"
+    assert verdict_overrides({"verdict": "disable"}) == {"specdeploy_spec_enabled": False}
+    assert verdict_overrides({"verdict": "keep"}) == {}

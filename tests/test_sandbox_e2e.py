@@ -132,6 +132,44 @@ def test_broken_engine_config_triage_and_rollback(inv):
     assert "SPECDEPLOY_SIM_CRASH" not in ssh(H2, "cat /etc/specdeploy/specdeploy-vllm.env")
 
 
+def _gate(inv, acceptance: str, ratio: str):
+    env = {"specdeploy_engine_env": {"SPECDEPLOY_SIM_LOAD_SECONDS": "2", "SPECDEPLOY_SIM_STEP_MS": "5",
+                                     "SPECDEPLOY_SIM_ACCEPTANCE": acceptance, "SPECDEPLOY_SIM_SPEC_STEP_RATIO": ratio},
+           "specdeploy_spec_gate": True, "specdeploy_spec_num_tokens": 4,
+           "speculation_gate_concurrency": "1,4", "speculation_gate_max_tokens": 48}
+    return play(inv, json.dumps(env), limit="sdhost2")
+
+
+def test_gate_keeps_speculation_that_pays(inv):
+    rc, out, _ = _gate(inv, "0.8", "1.3")  # good acceptance, cheap draft
+    assert rc == 0, out[-3000:]
+    assert "GATE sdhost2: keep" in out
+    assert not (inv / "host_vars").exists()
+    assert "--speculative-config" in ssh(H2, "cat /etc/specdeploy/specdeploy-vllm.argv")
+    m = urllib.request.urlopen(f"http://{H2}:9450/metrics", timeout=10).read().decode()
+    assert 'specdeploy_gate_verdict{verdict="keep"} 1.0' in m
+    assert re.search(r'specdeploy_gate_speedup\{concurrency="1"\} (\d\.\d+)', m).group(1) > "1.1"
+
+
+def test_gate_disables_net_negative_speculation(inv):
+    rc, out, _ = _gate(inv, "0.15", "2.2")  # poor acceptance, expensive draft (the seeds' 0.66x case)
+    try:
+        assert rc == 0, out[-3000:]
+        assert "GATE sdhost2: disable" in out
+        hv = (inv / "host_vars/sdhost2/specdeploy_gate.yml").read_text()
+        assert "specdeploy_spec_enabled: false" in hv
+        assert "--speculative-config" not in ssh(H2, "cat /etc/specdeploy/specdeploy-vllm.argv")
+        m = urllib.request.urlopen(f"http://{H2}:9450/metrics", timeout=10).read().decode()
+        assert 'specdeploy_gate_verdict{verdict="disable"} 1.0' in m
+        speedup = float(re.search(r'specdeploy_gate_speedup\{concurrency="1"\} ([0-9.e+-]+)', m).group(1))
+        assert speedup < 1.0  # what the SpecdeploySpeculationSlowerThanNone alert fires on
+        assert chat(f"http://{H2}:8000")["choices"]  # still serving, without speculation
+        rc, out, recap = _gate(inv, "0.15", "2.2")  # the verdict sticks: a re-run changes nothing
+        assert rc == 0 and recap["sdhost2"]["changed"] == 0, recap
+    finally:
+        shutil.rmtree(inv / "host_vars", ignore_errors=True)
+
+
 def test_engine_switch_vllm_to_sglang(inv):
     rc, out, recap = play(inv, "specdeploy_engine=sglang", "specdeploy_engine_version=0.5.23",
                           "specdeploy_spec_num_tokens=4")

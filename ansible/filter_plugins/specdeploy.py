@@ -20,20 +20,22 @@ def _ours(variables) -> dict:
     return {k: _plain(variables[k]) for k in keys}
 
 
-def _validated(variables, host):
+def _validated(variables, host, overrides=None):
     from specdeploy.errors import SpecdeployError
     from specdeploy.schema import validate_host
     v = _ours(variables)
+    v.update(_plain(overrides or {}))
     try:
         return v, validate_host(host, v)
     except SpecdeployError as exc:
         raise AnsibleFilterError("\n" + str(exc)) from None
 
 
-def specdeploy_plan(variables, host):
-    """A host's plan: files (path -> content), argv, env, units, health paths, release id."""
+def specdeploy_plan(variables, host, overrides=None):
+    """A host's plan: files (path -> content), argv, env, units, health paths, release id. ``overrides``
+    (variables) are applied on top of the inventory, e.g. by the speculation gate."""
     from specdeploy.render import render_host
-    v, hv = _validated(variables, host)
+    v, hv = _validated(variables, host, overrides)
     return render_host(host, hv, v.get("ansible_host", host)).to_dict()
 
 

@@ -1,9 +1,25 @@
-"""Whether speculation pays: speedup = AL x T_base / T_spec; it pays only when AL exceeds the step-time ratio."""
+"""Speculation gate: measure whether speculation pays on this host and workload, and say what to do.
+
+speedup = AL x T_base / T_spec (AL: mean acceptance length, bonus token included). Speculation pays only when
+AL exceeds the step-time ratio T_spec / T_base; the gate keeps it only when the measured speedup clears
+1 + margin, predicts whether a smaller k would do better, and otherwise disables it.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import statistics
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+PROMPTS = Path(__file__).with_name("data") / "prompts.jsonl"
 
 
+# ---- arithmetic ---------------------------------------------------------------------------------------
 @dataclass
 class Breakeven:
     acceptance_length: float
@@ -14,21 +30,264 @@ class Breakeven:
     margin: float
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return asdict(self)
 
 
 def breakeven(acceptance_length: float, step_ratio: float, margin: float = 0.10) -> Breakeven:
-    """``keep`` when the predicted speedup clears 1 + margin, ``disable`` when it is below 1, and ``marginal``
-    in between (kept, but flagged)."""
+    """``keep`` when AL / (T_spec/T_base) clears 1 + margin, else ``disable``."""
     if acceptance_length < 1:
         raise ValueError("acceptance length counts the bonus token, so it is at least 1")
     if step_ratio <= 0:
         raise ValueError("the step-time ratio T_spec / T_base must be positive")
     speedup = acceptance_length / step_ratio
-    if speedup >= 1 + margin:
-        verdict = "keep"
-    elif speedup < 1:
-        verdict = "disable"
-    else:
-        verdict = "marginal"
+    verdict = "keep" if speedup >= 1 + margin else "disable"
     return Breakeven(acceptance_length, step_ratio, speedup, step_ratio * (1 + margin), verdict, margin)
+
+
+def predict_k(per_position: list[float], step_ratio: float, k: int) -> dict[int, float]:
+    """Predicted speedup for each k' <= k: AL(k') = 1 + sum of the first k' per-position acceptance rates;
+    the step-time ratio's speculative overhead is taken as proportional to the draft tokens."""
+    out = {}
+    for kp in range(1, k + 1):
+        al = 1 + sum(per_position[:kp])
+        ratio = 1 + (step_ratio - 1) * kp / k
+        out[kp] = al / ratio
+    return out
+
+
+def decide(levels: list[dict], k: int, margin: float = 0.10) -> tuple[str, int | None, str]:
+    """Verdict from per-concurrency results (traffic-weighted equally): keep, reduce-k or disable."""
+    measured = [lv for lv in levels if lv.get("speedup") is not None]
+    if not measured:
+        return "keep", None, "no baseline to compare against: nothing decided"
+    speedup = statistics.mean(lv["speedup"] for lv in measured)
+    preds: dict[int, list[float]] = {}
+    for lv in measured:
+        if lv.get("per_position") and lv.get("step_ratio"):
+            for kp, s in predict_k(lv["per_position"], lv["step_ratio"], k).items():
+                preds.setdefault(kp, []).append(s)
+    best_k, best = None, speedup
+    for kp, vals in preds.items():
+        if kp < k and statistics.mean(vals) > best * (1 + margin):
+            best_k, best = kp, statistics.mean(vals)
+    if best_k is not None and best >= 1 + margin:
+        return "reduce-k", best_k, f"k={best_k} is predicted at {best:.2f}x against {speedup:.2f}x measured at k={k}"
+    if speedup >= 1 + margin:
+        return "keep", None, f"speculation measured at {speedup:.2f}x (margin {margin:.0%})"
+    return "disable", None, f"speculation measured at {speedup:.2f}x, below 1 + {margin:.0%}"
+
+
+def verdict_overrides(report: dict) -> dict:
+    """Inventory variables that apply a gate report's verdict."""
+    v = report.get("verdict")
+    if v == "disable":
+        return {"specdeploy_spec_enabled": False}
+    if v == "reduce-k" and report.get("recommended_k"):
+        return {"specdeploy_spec_num_tokens": int(report["recommended_k"])}
+    return {}
+
+
+# ---- measurement --------------------------------------------------------------------------------------
+def load_prompts(path: Path | None = None) -> list[list[dict]]:
+    p = path or PROMPTS
+    out = []
+    for line in p.read_text().splitlines():
+        if line.strip():
+            obj = json.loads(line)
+            out.append(obj["messages"] if isinstance(obj, dict) else obj)
+    if not out:
+        raise ValueError(f"{p} holds no prompts")
+    return out
+
+
+@dataclass
+class SpecSample:
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    per_pos: dict = field(default_factory=dict)
+    itl_sum: float = 0.0
+    itl_count: float = 0.0
+    al: float | None = None
+    rate: float | None = None
+
+
+def read_metrics(url: str, engine: str, headers: dict | None = None) -> SpecSample:
+    req = urllib.request.Request(url.rstrip("/") + "/metrics", headers=headers or {})
+    text = urllib.request.urlopen(req, timeout=10).read().decode()
+    s = SpecSample()
+    for fam in text_string_to_metric_families(text):
+        for m in fam.samples:
+            n, v = m.name, m.value
+            if n == f"{engine}:inter_token_latency_seconds_sum":
+                s.itl_sum += v
+            elif n == f"{engine}:inter_token_latency_seconds_count":
+                s.itl_count += v
+            elif n == "vllm:spec_decode_num_drafts_total":
+                s.drafts += v
+            elif n == "vllm:spec_decode_num_draft_tokens_total":
+                s.draft_tokens += v
+            elif n == "vllm:spec_decode_num_accepted_tokens_total":
+                s.accepted += v
+            elif n == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+                p = m.labels.get("position", "0")
+                s.per_pos[p] = s.per_pos.get(p, 0.0) + v
+            elif n == "sglang:spec_accept_length":
+                s.al = v
+            elif n == "sglang:spec_accept_rate":
+                s.rate = v
+    return s
+
+
+def _chat(url: str, model: str, messages, max_tokens: int, headers: dict) -> int:
+    body = json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
+    req = urllib.request.Request(url.rstrip("/") + "/v1/chat/completions", data=body,
+                                 headers={"content-type": "application/json", **headers})
+    resp = json.load(urllib.request.urlopen(req, timeout=600))
+    return int(resp.get("usage", {}).get("completion_tokens") or 0)
+
+
+def model_name(url: str, headers: dict) -> str:
+    req = urllib.request.Request(url.rstrip("/") + "/v1/models", headers=headers)
+    return json.load(urllib.request.urlopen(req, timeout=30))["data"][0]["id"]
+
+
+def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requests: int, max_tokens: int,
+              headers: dict) -> dict:
+    before = read_metrics(url, engine)
+    sg_samples: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def poll():  # SGLang reports windowed gauges: sample them while the level runs
+        while not stop.wait(0.5):
+            try:
+                s = read_metrics(url, engine)
+                if s.al is not None:
+                    sg_samples.append((s.al, s.rate or 0.0))
+            except Exception:  # noqa: BLE001
+                pass
+
+    poller = threading.Thread(target=poll, daemon=True)
+    if engine == "sglang":
+        poller.start()
+    tokens, errors, idx = [], [], {"i": 0}
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                i = idx["i"]
+                if i >= requests:
+                    return
+                idx["i"] += 1
+            try:
+                tokens.append(_chat(url, model, prompts[i % len(prompts)], max_tokens, headers))
+            except Exception as exc:  # noqa: BLE001
+                errors.append(repr(exc)[:200])
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    stop.set()
+    after = read_metrics(url, engine)
+    lv = {"concurrency": concurrency, "requests": requests, "errors": len(errors), "wall_s": wall,
+          "output_tokens": sum(tokens), "output_tps": sum(tokens) / wall if wall else 0.0}
+    d_itl = after.itl_count - before.itl_count
+    lv["itl_ms"] = 1000 * (after.itl_sum - before.itl_sum) / d_itl if d_itl > 0 else None
+    if engine == "vllm":
+        d = after.drafts - before.drafts
+        dt = after.draft_tokens - before.draft_tokens
+        a = after.accepted - before.accepted
+        lv["acceptance_length"] = 1 + a / d if d > 0 else None
+        lv["acceptance_rate"] = a / dt if dt > 0 else None
+        keys = sorted(after.per_pos, key=lambda x: int(x))
+        lv["per_position"] = [(after.per_pos[p] - before.per_pos.get(p, 0.0)) / d for p in keys] if d > 0 else []
+    else:
+        if sg_samples:
+            lv["acceptance_length"] = statistics.mean(s[0] for s in sg_samples)
+            lv["acceptance_rate"] = statistics.mean(s[1] for s in sg_samples)
+        else:
+            lv["acceptance_length"] = after.al
+            lv["acceptance_rate"] = after.rate
+        lv["per_position"] = []
+    if errors:
+        lv["error_samples"] = errors[:3]
+    return lv
+
+
+def gate(url: str, engine: str, concurrency: list[int], requests: int | None = None, max_tokens: int = 128,
+         prompts_file: Path | None = None, baseline: dict | None = None, k: int | None = None,
+         margin: float = 0.10, api_key: str | None = None, progress=None) -> dict:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    prompts = load_prompts(prompts_file)
+    model = model_name(url, headers)
+    levels = []
+    for c in concurrency:
+        n = requests or max(4 * c, 16)
+        if progress:
+            progress(c, n)
+        lv = run_level(url, engine, model, prompts, c, n, max_tokens, headers)
+        base = (baseline or {}).get("levels_by_concurrency", {}).get(str(c))
+        if base and base.get("output_tps") and lv["output_tps"]:
+            lv["baseline_tps"] = base["output_tps"]
+            lv["speedup"] = lv["output_tps"] / base["output_tps"]
+            if lv.get("acceptance_length"):
+                lv["step_ratio"] = lv["acceptance_length"] / lv["speedup"]
+                lv["breakeven_al"] = lv["step_ratio"] * (1 + margin)
+        else:
+            lv["speedup"] = None
+        levels.append(lv)
+    spec_on = any(lv.get("acceptance_length") for lv in levels)
+    k = k or max((len(lv.get("per_position") or []) for lv in levels), default=0) or None
+    report = {"engine": engine, "url": url, "model": model, "timestamp": time.time(), "margin": margin,
+              "speculation": spec_on, "k": k, "levels": levels,
+              "levels_by_concurrency": {str(lv["concurrency"]): lv for lv in levels}}
+    if spec_on and baseline:
+        verdict, rk, why = decide(levels, k or 1, margin)
+        report.update(verdict=verdict, recommended_k=rk, reason=why)
+    elif not spec_on:
+        report.update(verdict=None, reason="baseline run: speculation is off")
+    else:
+        report.update(verdict=None, reason="no baseline given: figures only")
+    return report
+
+
+def chart(report: dict, out: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for lv in report["levels"]:
+        pp = lv.get("per_position") or []
+        if pp:
+            a1.plot(range(len(pp)), pp, marker="o", label=f"c={lv['concurrency']}")
+    a1.set_xlabel("draft position")
+    a1.xaxis.get_major_locator().set_params(integer=True)
+    a1.set_ylabel("acceptance (accepted at position / drafts)")
+    a1.set_ylim(0, 1)
+    a1.set_title("acceptance per position")
+    if a1.lines:
+        a1.legend()
+    else:
+        a1.text(0.5, 0.5, "engine reports no per-position counters", ha="center", transform=a1.transAxes)
+    cs = [str(lv["concurrency"]) for lv in report["levels"]]
+    sp = [lv.get("speedup") or 0 for lv in report["levels"]]
+    colors = ["tab:green" if s >= 1 + report["margin"] else "tab:red" for s in sp]
+    a2.bar(cs, sp, color=colors)
+    a2.axhline(1.0, color="black", lw=1)
+    a2.axhline(1 + report["margin"], color="grey", ls="--", lw=1, label=f"keep threshold {1 + report['margin']:.2f}x")
+    a2.set_xlabel("concurrency")
+    a2.set_ylabel("speedup vs no speculation")
+    a2.set_title(f"verdict: {report.get('verdict')}" + (f" (k={report['recommended_k']})"
+                                                         if report.get("recommended_k") else ""))
+    a2.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -81,3 +81,62 @@ def register(app: typer.Typer):
         else:
             print(f"speedup {b.speedup:.2f}x (AL {b.acceptance_length:g} / step ratio {b.step_ratio:g}); "
                   f"break-even AL {b.step_ratio:g}, with {b.margin:.0%} margin {b.breakeven_al:.2f}: {b.verdict}")
+
+    @app.command("gate")
+    def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option("vllm", "--engine"),
+                 prompts: Optional[Path] = typer.Option(None, "--prompts"),
+                 concurrency: str = typer.Option("1,8,32", "--concurrency"),
+                 requests: Optional[int] = typer.Option(None, "--requests", help="per level; default 4 x c, >= 16"),
+                 max_tokens: int = typer.Option(128, "--max-tokens"),
+                 baseline: Optional[Path] = typer.Option(None, "--baseline", help="report of a run without speculation"),
+                 k: Optional[int] = typer.Option(None, "--k", help="draft tokens deployed (default: from metrics)"),
+                 margin: float = typer.Option(0.10, "--margin"),
+                 api_key_file: Optional[Path] = typer.Option(None, "--api-key-file"),
+                 out: Path = typer.Option(Path("gate"), "--out"), as_json: bool = typer.Option(False, "--json")):
+        """Measure whether speculation pays under a bounded load of real chat prompts; write report + chart."""
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from .gate import chart, gate
+        if engine not in ("vllm", "sglang"):
+            print(f"ERROR --engine: unknown engine '{engine}' Fix: use vllm or sglang", file=sys.stderr)
+            raise typer.Exit(2)
+        try:
+            levels = [int(c) for c in concurrency.split(",")]
+            assert levels and all(c > 0 for c in levels)
+        except (ValueError, AssertionError):
+            print(f"ERROR --concurrency: '{concurrency}' is not a list like 1,8,32", file=sys.stderr)
+            raise typer.Exit(2)
+        base = None
+        if baseline:
+            if not baseline.is_file():
+                print(f"ERROR --baseline: {baseline} does not exist", file=sys.stderr)
+                raise typer.Exit(2)
+            base = json.loads(baseline.read_text())
+        key = api_key_file.read_text().strip() if api_key_file else None
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeElapsedColumn()) as prog:
+            task = prog.add_task("gate", total=len(levels))
+
+            def cb(c, n):
+                prog.update(task, description=f"gate: concurrency {c}, {n} requests",
+                            completed=levels.index(c))
+            try:
+                report = gate(url, engine, levels, requests, max_tokens, prompts, base, k, margin, key, cb)
+            except OSError as exc:
+                print(f"ERROR --url: cannot reach {url}: {exc} Fix: check the engine is up", file=sys.stderr)
+                raise typer.Exit(2)
+            prog.update(task, completed=len(levels))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        chart(report, out / "report.png")
+        if as_json:
+            print(json.dumps(report, indent=2))
+        else:
+            for lv in report["levels"]:
+                al = lv.get("acceptance_length")
+                sp = lv.get("speedup")
+                print(f"c={lv['concurrency']:<4} tok/s {lv['output_tps']:8.1f}  AL {al and round(al, 2)}  "
+                      f"accept {lv.get('acceptance_rate') and round(lv['acceptance_rate'], 2)}  "
+                      f"speedup {sp and round(sp, 2)}  break-even AL {lv.get('breakeven_al') and round(lv['breakeven_al'], 2)}")
+            print(f"verdict: {report.get('verdict')} {('k=' + str(report['recommended_k'])) if report.get('recommended_k') else ''}"
+                  f" - {report.get('reason')}")
+            print(f"wrote {out / 'report.json'} and {out / 'report.png'}")
