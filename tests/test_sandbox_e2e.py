@@ -27,9 +27,11 @@ ROUTER = f"http://{H1}:30080"
 @pytest.fixture(scope="module")
 def inv(tmp_path_factory):
     from specdeploy import sandbox
+    sandbox.down()  # fresh hosts: the first deploy starts from bare Debian
     hosts = sandbox.up(2)
     sandbox.artifacts()
-    return sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm")
+    yield sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm")
+    sandbox.down()
 
 
 def play(inv: Path, *extra: str, playbook="deploy.yml", limit=None) -> tuple[int, str, dict]:

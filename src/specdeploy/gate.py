@@ -256,8 +256,11 @@ def gate(url: str, engine: str, concurrency: list[int], requests: int | None = N
     return report
 
 
-def chart(report: dict, out: Path) -> Path:
-    import matplotlib
+def chart(report: dict, out: Path) -> Path | None:
+    try:
+        import matplotlib
+    except ImportError:  # hosts without matplotlib still get the JSON report
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
