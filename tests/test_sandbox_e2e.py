@@ -74,10 +74,16 @@ def test_full_deploy_to_two_hosts(inv):
         meta = json.loads(ssh(h, "cat /var/lib/specdeploy/drafter/vllm/specdeploy-conversion.json"))
         assert meta["engine"] == "vllm"
     assert chat(ROUTER)["choices"]
-    targets = json.load(urllib.request.urlopen(f"http://{H1}:9090/api/v1/targets", timeout=10))
-    up = {(t["labels"]["job"], t["labels"]["host"]) for t in targets["data"]["activeTargets"] if t["health"] == "up"}
-    assert {("specdeploy_exporter", "sdhost1"), ("specdeploy_exporter", "sdhost2")} <= up or \
-        {("specdeploy_engine", "sdhost1"), ("specdeploy_engine", "sdhost2")} <= up
+    want = {(job, host) for job in ("specdeploy_engine", "specdeploy_exporter") for host in ("sdhost1", "sdhost2")}
+    deadline = time.time() + 60  # Prometheus on sdhost1 scrapes every 15 s
+    while True:
+        targets = json.load(urllib.request.urlopen(f"http://{H1}:9090/api/v1/targets", timeout=10))
+        up = {(t["labels"]["job"], t["labels"]["host"]) for t in targets["data"]["activeTargets"]
+              if t["health"] == "up"}
+        if want <= up or time.time() > deadline:
+            break
+        time.sleep(3)
+    assert want <= up, up
 
 
 def test_second_run_changes_nothing(inv):
@@ -185,3 +191,15 @@ def test_engine_switch_vllm_to_sglang(inv):
         cfg = json.loads(ssh(h, "cat /var/lib/specdeploy/drafter/sglang/config.json"))
         assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 29, 57]
     assert chat(ROUTER)["choices"]
+
+
+def test_rollback_playbook_undoes_the_engine_switch(inv):
+    previous = {h: ssh(h, "cat /var/lib/specdeploy/previous").strip() for h in (H1, H2)}
+    rc, out, _ = play(inv, playbook="rollback.yml")
+    assert rc == 0, out[-3000:]
+    for h in (H1, H2):
+        assert ssh(h, "cat /var/lib/specdeploy/current").strip() == previous[h]
+        assert ssh(h, "systemctl is-active specdeploy-vllm specdeploy-sglang").split() == ["active", "inactive"]
+        assert chat(f"http://{h}:8000")["choices"][0]["message"]["content"]
+        m = urllib.request.urlopen(f"http://{h}:9450/metrics", timeout=10).read().decode()
+        assert 'engine="vllm"' in m
