@@ -74,6 +74,8 @@ def test_tp_memory_remote_code_timeout_p2p(repo):
     assert ("warning", "PCIe P2P") in found["gpu-a"]
     found, r = run_pf(repo, specdeploy_nccl_env={"NCCL_P2P_DISABLE": "1"})
     assert ("warning", "PCIe P2P") not in found["gpu-a"]
+    found, r = run_pf(repo, specdeploy_api_key_file="/nonexistent/api-key")
+    assert "does not exist" in found["gpu-a"][("warning", "specdeploy_api_key_file")].message
 
 
 def test_preflight_cli_exit_codes(repo):

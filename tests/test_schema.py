@@ -21,7 +21,7 @@ def test_example_inventory_reads_through_ansible(repo):
     a = inv.host("gpu-a").hv
     assert a.tp == 8 and a.specdeploy_spec_enabled and a.specdeploy_engine_version == "0.16.0"
     # {{ inventory_dir }} is templated the way ansible-playbook would
-    assert a.specdeploy_api_key_file.endswith("inventory/example/secrets/api-key")
+    assert a.specdeploy_api_key_file.endswith("inventory/example/../../secrets/example-api-key")
     # host_vars win over group_vars
     assert inv.host("gpu-b").hv.specdeploy_nccl_env == {"NCCL_P2P_LEVEL": "SYS"}
     assert inv.host("gpu-a").hv.specdeploy_nccl_env is None

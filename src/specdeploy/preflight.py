@@ -127,6 +127,11 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None) -> Report:
         return rep
     prof = hv.profile()
     rep.add("info", "hardware", f"{prof.name}: {prof.description}", host=host)
+    key = hv.specdeploy_api_key_file
+    if key and not Path(key).is_file():
+        rep.add("warning", "specdeploy_api_key_file", f"{key} does not exist on this machine; the deploy stops "
+                "when it installs the key", "write the API key to that file (one line), or unset the variable",
+                host)
     target = None
     tdir = _local(hv.specdeploy_model_local_path, hv.specdeploy_model_path, inv_dir)
     if tdir is None:
