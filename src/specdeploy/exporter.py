@@ -17,7 +17,6 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from .engines import get_adapter
 from .engines.sglang import SGLang
 from .engines.vllm import VLLM
 
@@ -78,7 +77,8 @@ def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
 class SpecCollector:
     def __init__(self, engine: str, url: str, window: float = 60.0, info: dict | None = None,
                  gate_file: Path | None = None, timeout: float = 2.0, cache_s: float = 1.0):
-        get_adapter(engine, get_adapter_version(engine))  # validates the engine name
+        if engine not in ("vllm", "sglang"):
+            raise ValueError(f"unknown engine '{engine}'; use vllm or sglang")
         self.engine, self.url, self.window = engine, url.rstrip("/") + "/metrics", window
         self.info = {"engine": engine, "version": "", "patch_set": "", "drafter": "", "spec_tokens": "0"}
         self.info.update(info or {})
@@ -187,10 +187,6 @@ class SpecCollector:
         yield v
         yield GaugeMetricFamily("specdeploy_gate_timestamp_seconds", "When the gate last ran",
                                 value=float(rep.get("timestamp", 0)))
-
-
-def get_adapter_version(engine: str) -> str:
-    return {"vllm": "0.33.0", "sglang": "0.5.23"}.get(engine, "0")
 
 
 def serve(engine: str, url: str, listen: str, window: float, info: dict, gate_file: Path | None):

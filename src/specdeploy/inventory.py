@@ -77,18 +77,32 @@ def _ansible_load(path: Path, extra: dict[str, Any]):
     return inv, vm
 
 
-def load(path: str | os.PathLike, limit: str | None = None, extra: dict[str, Any] | None = None) -> Inventory:
-    path = Path(path)
+def _check_path(path: Path):
     if not path.exists():
         raise SpecdeployError([Finding("error", "-i", f"inventory {path} does not exist",
                                        "give an inventory directory such as inventory/example")])
+
+
+def host_variables(path: Path, extra: dict[str, Any] | None = None):
+    """(inventory manager, {host: variables}) with every specdeploy_* value templated as Ansible would.
+    A host whose variables cannot be templated maps to the SpecdeployError instead."""
+    from ansible.template import Templar
     inv, vm = _ansible_load(path, extra or {})
-    all_hosts = inv.get_hosts()
-    if not all_hosts:
-        raise SpecdeployError([Finding("error", "-i", f"inventory {path} has no hosts",
-                                       "add hosts to hosts.yml (see inventory/example)")])
-    engine_names = [h.name for h in inv.get_hosts(ENGINE_GROUP)]
-    if not engine_names:
+    out: dict[str, Any] = {}
+    for h in inv.get_hosts():
+        raw = vm.get_vars(host=h, include_hostvars=False)
+        templar = Templar(loader=vm._loader, variables=raw)
+        try:
+            out[h.name] = _plain({k: (_template(templar, k, v, h.name) if k.startswith("specdeploy_") else v)
+                                  for k, v in raw.items()})
+        except SpecdeployError as exc:
+            out[h.name] = exc
+    return inv, out
+
+
+def engine_host_names(inv, path: Path, limit: str | None) -> list[str]:
+    names = [h.name for h in inv.get_hosts(ENGINE_GROUP)]
+    if not names:
         raise SpecdeployError([Finding("error", ENGINE_GROUP, f"inventory {path} has no group {ENGINE_GROUP}",
                                        f"put the engine hosts under a group named {ENGINE_GROUP}")])
     if limit:
@@ -96,18 +110,24 @@ def load(path: str | os.PathLike, limit: str | None = None, extra: dict[str, Any
         if not wanted:
             raise SpecdeployError([Finding("error", "--limit", f"'{limit}' matches no host in {path}",
                                            "give a host or group name from the inventory")])
-        engine_names = [n for n in engine_names if n in wanted]
+        names = [n for n in names if n in wanted]
+    return names
+
+
+def load(path: str | os.PathLike, limit: str | None = None, extra: dict[str, Any] | None = None) -> Inventory:
+    path = Path(path)
+    _check_path(path)
+    inv, all_vars = host_variables(path, extra)
+    if not all_vars:
+        raise SpecdeployError([Finding("error", "-i", f"inventory {path} has no hosts",
+                                       "add hosts to hosts.yml (see inventory/example)")])
     problems: list[Finding] = []
     hosts: list[Host] = []
-    all_vars: dict[str, dict[str, Any]] = {}
-    from ansible.template import Templar
-    for h in all_hosts:
-        raw = vm.get_vars(host=h, include_hostvars=False)
-        templar = Templar(loader=vm._loader, variables=raw)
-        all_vars[h.name] = {k: (_template(templar, k, v, h.name) if k.startswith("specdeploy_") else v)
-                            for k, v in raw.items()}
-    for name in engine_names:
-        variables = _plain(all_vars[name])
+    for name in engine_host_names(inv, path, limit):
+        variables = all_vars[name]
+        if isinstance(variables, SpecdeployError):
+            problems.extend(variables.problems)
+            continue
         try:
             hosts.append(Host(name, variables, validate_host(name, variables)))
         except SpecdeployError as exc:
@@ -115,7 +135,7 @@ def load(path: str | os.PathLike, limit: str | None = None, extra: dict[str, Any
     if problems:
         raise SpecdeployError(problems)
     monitoring = [h.name for h in inv.get_hosts(MONITORING_GROUP)]
-    return Inventory(path, hosts, monitoring, {k: _plain(v) for k, v in all_vars.items()})
+    return Inventory(path, hosts, monitoring, {k: v for k, v in all_vars.items() if isinstance(v, dict)})
 
 
 def _template(templar, key, value, host):

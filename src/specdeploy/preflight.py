@@ -169,33 +169,22 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None) -> Report:
 
 def preflight(inventory: str, limit: str | None = None, extra: dict | None = None) -> dict[str, Report]:
     """One report per engine host. Inventory-level errors come back per host, not as an exception."""
-    from .inventory import ENGINE_GROUP, _ansible_load, _plain, _template
-    from ansible.template import Templar
+    from .inventory import _check_path, engine_host_names, host_variables
 
     path = Path(inventory)
-    if not path.exists():
-        raise SpecdeployError([Finding("error", "-i", f"inventory {path} does not exist",
-                                       "give an inventory directory such as inventory/example")])
-    inv, vm = _ansible_load(path, extra or {})
-    hosts = inv.get_hosts(ENGINE_GROUP)
-    if limit:
-        wanted = {h.name for h in inv.get_hosts(limit)}
-        hosts = [h for h in hosts if h.name in wanted]
-    if not hosts:
-        raise SpecdeployError([Finding("error", ENGINE_GROUP, f"no engine hosts in {path}"
-                                       + (f" matching '{limit}'" if limit else ""),
-                                       f"put engine hosts in group {ENGINE_GROUP}")])
+    _check_path(path)
+    inv, all_vars = host_variables(path, extra)
+    names = engine_host_names(inv, path, limit)
+    if not names:
+        raise SpecdeployError([Finding("error", "--limit", f"no engine hosts in {path} match '{limit}'",
+                                       "give an engine host or group")])
     out = {}
-    for h in hosts:
-        raw = vm.get_vars(host=h, include_hostvars=False)
-        t = Templar(loader=vm._loader, variables=raw)
-        try:
-            variables = _plain({k: (_template(t, k, v, h.name) if k.startswith("specdeploy_") else v)
-                                for k, v in raw.items()})
-        except SpecdeployError as exc:
+    for name in names:
+        variables = all_vars[name]
+        if isinstance(variables, SpecdeployError):
             rep = Report()
-            rep.extend(exc.problems)
-            out[h.name] = rep
-            continue
-        out[h.name] = preflight_host(h.name, variables, path)
+            rep.extend(variables.problems)
+            out[name] = rep
+        else:
+            out[name] = preflight_host(name, variables, path)
     return out

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel
 
-from .schema import FIELDS, HostVars
+from .schema import FIELDS
 
 # Which variables each role reads. Every role that takes part in the engine deployment validates the full
 # engine-host set; the others validate what they use.
@@ -133,5 +133,3 @@ def variables_markdown() -> str:
         lines.append(f"| `{name}` | {_type_text(f.annotation)} | {default} | {f.description} |")
     return "\n".join(lines) + "\n"
 
-
-assert issubclass(HostVars, BaseModel)

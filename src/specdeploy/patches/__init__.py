@@ -30,19 +30,3 @@ def patch_set_id(engine: str, version: str, mode: str = "auto") -> str:
         h.update(src.read_bytes())
     return "p" + h.hexdigest()[:10]
 
-
-def status(engine: str, root):
-    """Per-patch status of an installed/unpacked engine tree."""
-    from pathlib import Path
-    if engine != "vllm":
-        return []
-    from . import vllm as v
-    return v.status(Path(root))
-
-
-def apply(engine: str, root):
-    from pathlib import Path
-    if engine != "vllm":
-        return []
-    from . import vllm as v
-    return v.apply(Path(root))
