@@ -6,7 +6,7 @@ not have. Behaviour knobs come from the environment (the engine unit's env file)
   SPECDEPLOY_SIM_ACCEPTANCE     per-token draft acceptance probability (default 0.7)
   SPECDEPLOY_SIM_STEP_MS        plain decode step time in ms (default 20)
   SPECDEPLOY_SIM_SPEC_STEP_RATIO  speculative step time / plain step time (default 1.3)
-  SPECDEPLOY_SIM_CRASH=load     crash during the load with a realistic multi-worker log
+  SPECDEPLOY_SIM_CRASH=load     crash during the load with a realistic multi-worker log in the engine's format
   SPECDEPLOY_SIM_DIE_AFTER      exit this many seconds after becoming ready
 """
 from __future__ import annotations
@@ -120,6 +120,39 @@ def crash_log(version: str, model: str, k: int, tp: int) -> str:
         merged.append(src.pop(0))
     return CRASH_LOG.format(core=4000, ts=ts, version=version, model=model, k=k,
                             workers="\n".join(merged) + "\n")
+
+
+SGLANG_TB = (
+    '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2566, in run_scheduler_process\n'
+    "    scheduler = Scheduler(\n"
+    '  File "/sgl-workspace/sglang/python/sglang/srt/model_executor/model_runner.py", line 1801, in init_device_graphs\n'
+    "    self.graph_runner = graph_runners[self.device](self)\n"
+    '  File "/sgl-workspace/sglang/python/sglang/srt/model_executor/cuda_graph_runner.py", line 381, in __init__\n'
+    "    raise Exception(\n"
+    "Exception: Capture cuda graph failed: 'CustomAllReduceV2' object has no attribute 'obj'\n"
+    "Possible solutions:\n"
+    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+    "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)\n"
+    "3. disable torch compile by not using --enable-torch-compile\n"
+    "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n"
+    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n\n")
+
+
+def sglang_crash_log(version: str, model: str, k: int, tp: int) -> str:
+    """SGLang's format: ``[date time TPn] message``; a scheduler's traceback starts mid-line and its continuation
+    lines carry no prefix. Each rank writes its block in one piece, so ranks interleave by block, not by line."""
+    ts = time.strftime("%Y-%m-%d %H:%M:%S")
+    out = [f"[{ts}] server_args=ServerArgs(model_path='{model}', tp_size={tp}, trust_remote_code=True, "
+           f"speculative_algorithm='EAGLE3', speculative_num_steps={k}, sglang_version='{version}')\n"]
+    out += [f"[{ts} TP{r}] Load weight end. type=KimiK25ForConditionalGeneration, dtype=torch.bfloat16\n"
+            for r in range(tp)]
+    out += [f"[{ts} TP{r}] Capture cuda graph begin. This can take up to several minutes.\n" for r in range(tp)]
+    ranks = list(range(tp))
+    random.Random(1).shuffle(ranks)
+    out += [f"[{ts} TP{r}] Scheduler hit an exception: Traceback (most recent call last):\n" + SGLANG_TB
+            for r in ranks]
+    out.append(f"[{ts}] Received sigquit from a child process. It usually means the child failed.\n")
+    return "".join(out)
 
 
 class Sim:
@@ -377,7 +410,7 @@ def run(engine: str, version: str, argv: list[str]) -> int:
         time.sleep(1)
     time.sleep(sim.load_s - int(sim.load_s))
     if os.environ.get("SPECDEPLOY_SIM_CRASH") == "load":
-        sys.stderr.write(crash_log(version, sim.served, sim.k, tp))
+        sys.stderr.write((sglang_crash_log if engine == "sglang" else crash_log)(version, sim.served, sim.k, tp))
         sys.stderr.flush()
         return 1
     if server is None:  # vLLM's API server starts only after the engine is up
