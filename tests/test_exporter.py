@@ -31,7 +31,8 @@ def test_exporter_maps_both_engines_to_one_set_of_names(engine):
             assert m["specdeploy_spec_drafts_total"] == pytest.approx(drafts, rel=0.05)
         else:
             assert "specdeploy_spec_drafts_total" not in m  # SGLang has no counters to re-export
-        assert m["specdeploy_engine_info{drafter=,engine=%s,patch_set=,spec_tokens=0,version=test}" % engine] == 1
+        info = [k for k in m if k.startswith("specdeploy_engine_info{")]
+        assert info and "engine=%s," % engine in info[0] and "version=test" in info[0]
     finally:
         stop(exp, sim)
 
@@ -101,3 +102,58 @@ def test_parse_rejects_non_engine_metrics():
         parse_engine_metrics("vllm", "# TYPE foo counter\nfoo_total 1\n", 0)
     s = parse_engine_metrics("sglang", 'sglang:spec_accept_length{tp_rank="0"} 2.5\n', 0)
     assert s.al == 2.5
+
+
+def test_sglang_reports_nothing_before_traffic_and_the_engines_own_figure_after():
+    """SGLang's acceptance gauges read 0 until the first speculative batch: no figure, not a low one. After
+    traffic the exporter shows exactly what the engine's gauges say."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import sim_argv, wait_http
+    ep, xp = free_port(), free_port()
+    env = dict(os.environ, SPECDEPLOY_SIM_LOAD_SECONDS="0", SPECDEPLOY_SIM_STEP_MS="2", SPECDEPLOY_SIM_ACCEPTANCE="0.8",
+               SPECDEPLOY_SIM_SEED="5")
+    # not through /health: SGLang's health check runs a generation, which would be traffic
+    sim = subprocess.Popen([sys.executable, "-m", "specdeploy.cli", "simulate", "--engine", "sglang", "--version",
+                            "0.5.23", "--"] + sim_argv("sglang", "127.0.0.1", ep), env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_http(f"http://127.0.0.1:{ep}/v1/models")
+    exp = start_exporter("sglang", f"http://127.0.0.1:{ep}", "127.0.0.1", xp)
+    try:
+        for _ in range(3):  # several pre-traffic samples inside the window
+            e = scrape(f"http://127.0.0.1:{ep}/metrics")
+            assert [v for k, v in e.items() if k.startswith("sglang:spec_accept_length")] == [0.0]
+            m = scrape(f"http://127.0.0.1:{xp}/metrics")
+            assert m["specdeploy_engine_up"] == 1
+            assert "specdeploy_spec_acceptance_length" not in m and "specdeploy_spec_acceptance_rate" not in m
+            time.sleep(1.1)
+        load(f"http://127.0.0.1:{ep}", n=6)
+        time.sleep(1.1)
+        m = scrape(f"http://127.0.0.1:{xp}/metrics")
+        e = scrape(f"http://127.0.0.1:{ep}/metrics")
+        eng_al = next(v for k, v in e.items() if k.startswith("sglang:spec_accept_length"))
+        eng_rate = next(v for k, v in e.items() if k.startswith("sglang:spec_accept_rate"))
+        assert eng_al > 2.0  # traffic happened; the zeros seen before it must not drag the figure down
+        assert m["specdeploy_spec_acceptance_length"] == pytest.approx(eng_al)
+        assert m["specdeploy_spec_acceptance_rate"] == pytest.approx(eng_rate)
+    finally:
+        stop(exp, sim)
+
+
+def test_sglang_speculation_off_zeros_are_no_figure():
+    text = ('sglang:spec_accept_length{tp_rank="0"} 0.0\nsglang:spec_accept_rate{tp_rank="0"} 0.0\n'
+            'sglang:num_running_reqs{tp_rank="0"} 4.0\n')
+    s = parse_engine_metrics("sglang", text, 0)
+    assert s.al is None and s.rate is None
+    from specdeploy.exporter import SpecCollector
+    c = SpecCollector("sglang", "http://127.0.0.1:1")
+    fams = {f.name: f for f in c._spec([s, parse_engine_metrics("sglang", text, 1)])}
+    assert fams["specdeploy_spec_acceptance_length"].samples == []
+    # two ranks, one without a figure yet: the real one counts alone
+    two = parse_engine_metrics("sglang", 'sglang:spec_accept_length{tp_rank="0"} 3.0\n'
+                                         'sglang:spec_accept_length{tp_rank="1"} 0\n'
+                                         'sglang:spec_accept_rate{tp_rank="0"} 0.5\n'
+                                         'sglang:spec_accept_rate{tp_rank="1"} 0\n', 0)
+    assert two.al == 3.0 and two.rate == 0.5

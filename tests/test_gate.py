@@ -67,3 +67,80 @@ def test_gate_bad_input_is_a_clean_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "gate", "--url", "http://127.0.0.1:9",
                         "--baseline", str(tmp_path / "nope.json")], capture_output=True, text=True)
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+class _Failing:
+    """A reverse proxy in front of a healthy engine that fails 3 of every 4 chat completions with HTTP 500."""
+
+    def __init__(self, upstream: str):
+        import http.server
+        import threading
+        import urllib.request
+        self.n = 0
+        lock = threading.Lock()
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def _forward(self, body=None):
+                req = urllib.request.Request(upstream + self.path, data=body, method=self.command,
+                                             headers={"content-type": "application/json"})
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    data = r.read()
+                self.send_response(200)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._forward()
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with lock:
+                    outer.n += 1
+                    fail = outer.n % 4 != 0
+                if fail:
+                    self.send_response(500)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                self._forward(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.port = free_port()
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), H)
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+
+def test_gate_with_failing_requests_refuses_to_decide(engines, tmp_path):
+    """12 of 16 requests fail: the throughput of the survivors says nothing about speculation."""
+    base = _gate(engines["base"], tmp_path / "base")
+    proxy = _Failing(f"http://127.0.0.1:{engines['good']}")
+    try:
+        r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "gate", "--url", f"http://127.0.0.1:{proxy.port}",
+                            "--concurrency", "1", "--requests", "16", "--max-tokens", "48",
+                            "--baseline", str(tmp_path / "base/report.json"), "--out", str(tmp_path / "run")],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        proxy.srv.shutdown()
+    assert r.returncode == 1, r.stdout + r.stderr
+    rep = json.loads((tmp_path / "run/report.json").read_text())
+    assert rep["verdict"] is None and rep["failed_requests"] == 12 and rep["sent_requests"] == 16
+    assert "12 of 16 requests failed" in rep["refused"]
+    assert "failed 12/16" in r.stdout and "refused to decide" in r.stderr
+    from specdeploy.gate import verdict_overrides
+    assert verdict_overrides(rep) == {}  # nothing to apply: the previous decision stays
+    assert base["failed_requests"] == 0
+
+
+def test_nothing_measured_is_no_verdict():
+    from specdeploy.gate import decide, refusal
+    levels = [{"concurrency": 1, "requests": 16, "errors": 0, "speedup": None}]
+    assert decide(levels, 3)[0] is None
+    assert refusal(levels, {"levels": []}).startswith("nothing measured")
+    ok = [{"concurrency": 1, "requests": 200, "errors": 2, "speedup": 1.8, "acceptance_length": 2.9}]
+    assert refusal(ok, {"levels": [{"requests": 200, "errors": 0}]}) is None  # 1% exactly is tolerated
+    assert "in the baseline" in refusal(ok, {"levels": [{"requests": 100, "errors": 5}]})
+    assert decide(ok, 3)[0] == "keep"

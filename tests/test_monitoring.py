@@ -39,7 +39,13 @@ def test_promtool_check_and_unit_tests(tmp_path):
                  {"series": 'specdeploy_gate_speedup{host="gpu-a",concurrency="8"}', "values": "0.66"},
                  {"series": 'up{job="specdeploy_engine",host="gpu-a"}', "values": "1 1 1 0 0 0 0 0"},
                  {"series": 'up{job="specdeploy_engine",host="gpu-c"}', "values": "0x90"},
-                 {"series": 'vllm:kv_cache_usage_perc{host="gpu-a",engine="0"}', "values": "0.97x10"}],
+                 {"series": 'vllm:kv_cache_usage_perc{host="gpu-a",engine="0"}', "values": "0.97x10"},
+                 # gpu-d: the gate turned speculation off; its last figures must not page anyone
+                 {"series": 'specdeploy_spec_acceptance_length{host="gpu-d"}', "values": "1.2x30"},
+                 {"series": 'specdeploy_gate_speedup{host="gpu-d",concurrency="8"}', "values": "0.7x30"},
+                 {"series": 'specdeploy_engine_info{host="gpu-a",engine="vllm",spec_tokens="3"}', "values": "1x30"},
+                 {"series": 'specdeploy_engine_info{host="gpu-b",engine="sglang",spec_tokens="3"}', "values": "1x30"},
+                 {"series": 'specdeploy_engine_info{host="gpu-d",engine="sglang",spec_tokens="0"}', "values": "1x30"}],
              "alert_rule_test": [
                  {"eval_time": "16m", "alertname": "SpecdeployLowAcceptanceLength",
                   "exp_alerts": [{"exp_labels": {"severity": "warning", "host": "gpu-a"},

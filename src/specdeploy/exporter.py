@@ -3,6 +3,10 @@
 It scrapes the engine's /metrics whenever it is scraped itself (reusing a result at most 1 s old), keeps its own
 samples of the engine counters for ``--window`` seconds and derives acceptance rate, acceptance length and
 per-position acceptance over that window. A dead, slow or garbage-returning engine never crashes it.
+
+SGLang publishes acceptance as gauges of its own recent batches, and they read 0 before any traffic and whenever
+speculation is off. An acceptance length counts the bonus token, so a real one is at least 1: a 0 means "no
+figure", and the exporter reports nothing then instead of averaging it in.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .engines.sglang import SGLang
 from .engines.vllm import VLLM
+from .metrics import help_of
 
 VLLM_M = VLLM.metrics.spec_counters
 SGLANG_M = SGLang.metrics.spec_gauges
@@ -43,6 +48,8 @@ class ParseError(ValueError):
 def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
     s = Sample(t)
     found = False
+    sglang_al: list[float] = []
+    sglang_rate: list[float] = []
     try:
         families = list(text_string_to_metric_families(text))
     except Exception as exc:  # the parser raises bare ValueErrors and more on garbage
@@ -64,25 +71,35 @@ def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
                 found = s.has_counters = True
             else:
                 if smp.name == SGLANG_M["acceptance_length"]:
-                    s.al = smp.value if s.al is None else max(s.al, smp.value)
+                    sglang_al.append(smp.value)
                     found = True
                 elif smp.name == SGLANG_M["acceptance_rate"]:
-                    s.rate = smp.value if s.rate is None else max(s.rate, smp.value)
+                    sglang_rate.append(smp.value)
                     found = True
     if not found and not any(f.name.startswith(engine + ":") for f in families):
         raise ParseError(f"no {engine}: metrics in the engine's /metrics")
+    # SGLang: one gauge per rank; ranks without a figure (0: no traffic yet, or speculation off) say nothing
+    real = [al for al in sglang_al if al >= 1.0]
+    if real:
+        s.al = sum(real) / len(real)
+        rates = [r for al, r in zip(sglang_al, sglang_rate) if al >= 1.0] if len(sglang_rate) == len(sglang_al) \
+            else sglang_rate
+        if rates:
+            s.rate = sum(rates) / len(rates)
     return s
 
 
 class SpecCollector:
     def __init__(self, engine: str, url: str, window: float = 60.0, info: dict | None = None,
-                 gate_file: Path | None = None, timeout: float = 2.0, cache_s: float = 1.0):
+                 gate_file: Path | None = None, timeout: float = 2.0, cache_s: float = 1.0,
+                 release_file: Path | None = None):
         if engine not in ("vllm", "sglang"):
             raise ValueError(f"unknown engine '{engine}'; use vllm or sglang")
         self.engine, self.url, self.window = engine, url.rstrip("/") + "/metrics", window
         self.info = {"engine": engine, "version": "", "patch_set": "", "drafter": "", "spec_tokens": "0"}
         self.info.update(info or {})
         self.gate_file, self.timeout, self.cache_s = gate_file, timeout, cache_s
+        self.release_file = release_file
         self.samples: deque[Sample] = deque()
         self.errors = 0
         self.up = 0
@@ -114,22 +131,20 @@ class SpecCollector:
             self._scrape()
             samples = list(self.samples)
             up, errors = self.up, self.errors
-        yield GaugeMetricFamily("specdeploy_engine_up", "1 when the last engine scrape succeeded and parsed",
-                                value=up)
-        yield CounterMetricFamily("specdeploy_exporter_scrape_errors", "Failed or unparsable engine scrapes",
-                                  value=errors)
-        yield InfoMetricFamily("specdeploy_engine", "What is deployed", value=self.info)
+        yield GaugeMetricFamily("specdeploy_engine_up", help_of("specdeploy_engine_up"), value=up)
+        yield CounterMetricFamily("specdeploy_exporter_scrape_errors",
+                                  help_of("specdeploy_exporter_scrape_errors"), value=errors)
+        yield InfoMetricFamily("specdeploy_engine", help_of("specdeploy_engine"), value=self._info())
         if samples:
             yield from self._spec(samples)
         yield from self._gate()
 
     def _spec(self, samples):
         last = samples[-1]
-        rate = GaugeMetricFamily("specdeploy_spec_acceptance_rate", "Accepted / draft tokens over the window")
-        al = GaugeMetricFamily("specdeploy_spec_acceptance_length",
-                               "1 + accepted / drafts over the window (bonus token included)")
+        rate = GaugeMetricFamily("specdeploy_spec_acceptance_rate", help_of("specdeploy_spec_acceptance_rate"))
+        al = GaugeMetricFamily("specdeploy_spec_acceptance_length", help_of("specdeploy_spec_acceptance_length"))
         pos = GaugeMetricFamily("specdeploy_spec_position_acceptance_rate",
-                                "Accepted at position / drafts over the window", labels=["position"])
+                                help_of("specdeploy_spec_position_acceptance_rate"), labels=["position"])
         if self.engine == "vllm" and last.has_counters:
             first = samples[0] if len(samples) > 1 else Sample(last.t, per_pos={k: 0.0 for k in last.per_pos})
             d = last.drafts - first.drafts
@@ -144,23 +159,30 @@ class SpecCollector:
                 al.add_metric([], 1 + a / d)
                 for p in sorted(last.per_pos, key=lambda x: int(x) if x.isdigit() else 0):
                     pos.add_metric([p], (last.per_pos[p] - first.per_pos.get(p, 0.0)) / d)
-            for name, help_, v in (("specdeploy_spec_drafts", "Engine drafts (re-exported)", last.drafts),
-                                   ("specdeploy_spec_draft_tokens", "Engine draft tokens (re-exported)",
-                                    last.draft_tokens),
-                                   ("specdeploy_spec_accepted_tokens", "Engine accepted tokens (re-exported)",
-                                    last.accepted)):
-                yield CounterMetricFamily(name, help_, value=v)
+            for name, v in (("specdeploy_spec_drafts", last.drafts), ("specdeploy_spec_draft_tokens", last.draft_tokens),
+                            ("specdeploy_spec_accepted_tokens", last.accepted)):
+                yield CounterMetricFamily(name, help_of(name), value=v)
         elif self.engine == "sglang":
-            # SGLang exports only windowed gauges of its own; average our samples over the window
-            als = [s.al for s in samples if s.al is not None]
-            rates = [s.rate for s in samples if s.rate is not None]
-            if als:
-                al.add_metric([], sum(als) / len(als))
-            if rates:
-                rate.add_metric([], sum(rates) / len(rates))
+            # SGLang's gauges already cover its own recent batches: report its latest real figure, and only
+            # while one was seen inside the window (samples without a figure were dropped at parse time)
+            real = [s for s in samples if s.al is not None]
+            if real:
+                al.add_metric([], real[-1].al)
+                if real[-1].rate is not None:
+                    rate.add_metric([], real[-1].rate)
         yield rate
         yield al
         yield pos
+
+    def _info(self) -> dict:
+        """The deployed release is read at scrape time: a deploy switches it without restarting the exporter."""
+        info = dict(self.info)
+        if self.release_file:
+            try:
+                info["release"] = self.release_file.read_text().strip()[:64]
+            except OSError:
+                info["release"] = ""
+        return info
 
     def _gate(self):
         if not self.gate_file or not self.gate_file.is_file():
@@ -169,10 +191,9 @@ class SpecCollector:
             rep = json.loads(self.gate_file.read_text())
         except (OSError, json.JSONDecodeError):
             return
-        sp = GaugeMetricFamily("specdeploy_gate_speedup", "Measured speedup of speculation vs none",
-                               labels=["concurrency"])
+        sp = GaugeMetricFamily("specdeploy_gate_speedup", help_of("specdeploy_gate_speedup"), labels=["concurrency"])
         be = GaugeMetricFamily("specdeploy_gate_breakeven_acceptance_length",
-                               "Acceptance length at which speculation breaks even", labels=["concurrency"])
+                               help_of("specdeploy_gate_breakeven_acceptance_length"), labels=["concurrency"])
         for lvl in rep.get("levels", []):
             c = str(lvl.get("concurrency"))
             if lvl.get("speedup") is not None:
@@ -181,11 +202,13 @@ class SpecCollector:
                 be.add_metric([c], lvl["breakeven_al"])
         yield sp
         yield be
-        v = GaugeMetricFamily("specdeploy_gate_verdict", "1 for the gate's current verdict", labels=["verdict"])
-        for verdict in ("keep", "reduce-k", "disable"):
-            v.add_metric([verdict], 1.0 if rep.get("verdict") == verdict else 0.0)
+        v = GaugeMetricFamily("specdeploy_gate_verdict", help_of("specdeploy_gate_verdict"), labels=["verdict"])
+        for verdict in ("keep", "reduce-k", "disable", "undecided"):
+            v.add_metric([verdict], 1.0 if (rep.get("verdict") or "undecided") == verdict else 0.0)
         yield v
-        yield GaugeMetricFamily("specdeploy_gate_timestamp_seconds", "When the gate last ran",
+        yield GaugeMetricFamily("specdeploy_gate_failed_requests", help_of("specdeploy_gate_failed_requests"),
+                                value=float(sum(int(lv.get("errors") or 0) for lv in rep.get("levels", []))))
+        yield GaugeMetricFamily("specdeploy_gate_timestamp_seconds", help_of("specdeploy_gate_timestamp_seconds"),
                                 value=float(rep.get("timestamp", 0)))
 
 
@@ -193,7 +216,8 @@ def serve(engine: str, url: str, listen: str, window: float, info: dict, gate_fi
     from prometheus_client import start_http_server
     from prometheus_client.core import CollectorRegistry
     reg = CollectorRegistry()
-    reg.register(SpecCollector(engine, url, window, info, gate_file))
+    release = gate_file.parent.parent / "current" if gate_file else None  # <state dir>/gate/.. -> <state dir>
+    reg.register(SpecCollector(engine, url, window, info, gate_file, release_file=release))
     host, _, port = listen.rpartition(":")
     server, thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=reg)
     return server, thread

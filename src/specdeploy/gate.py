@@ -3,6 +3,10 @@
 speedup = AL x T_base / T_spec (AL: mean acceptance length, bonus token included). Speculation pays only when
 AL exceeds the step-time ratio T_spec / T_base; the gate keeps it only when the measured speedup clears
 1 + margin, predicts whether a smaller k would do better, and otherwise disables it.
+
+It refuses to decide (verdict None, ``refused`` set) when more than ``MAX_FAILED`` of the requests failed, in
+this run or in its baseline, or when nothing was measured: throughput over failing requests says nothing about
+speculation, and the previous decision then stays in force.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 PROMPTS = Path(__file__).with_name("data") / "prompts.jsonl"
+MAX_FAILED = 0.01  # failed / sent requests above which the gate refuses to decide
 
 
 # ---- arithmetic ---------------------------------------------------------------------------------------
@@ -55,11 +60,30 @@ def predict_k(per_position: list[float], step_ratio: float, k: int) -> dict[int,
     return out
 
 
-def decide(levels: list[dict], k: int, margin: float = 0.10) -> tuple[str, int | None, str]:
-    """Verdict from per-concurrency results (traffic-weighted equally): keep, reduce-k or disable."""
+def failures(levels: list[dict]) -> tuple[int, int]:
+    """(failed, sent) requests over all levels."""
+    return (sum(int(lv.get("errors") or 0) for lv in levels),
+            sum(int(lv.get("requests") or 0) for lv in levels))
+
+
+def refusal(levels: list[dict], baseline: dict | None = None, max_failed: float = MAX_FAILED) -> str | None:
+    """Why no verdict can be drawn from these levels (and their baseline), or None when one can."""
+    for name, lvs in (("this run", levels), ("the baseline", (baseline or {}).get("levels", []))):
+        failed, sent = failures(lvs)
+        if sent and failed / sent > max_failed:
+            return (f"{failed} of {sent} requests failed in {name} ({failed / sent:.0%}, limit {max_failed:.0%}): "
+                    "throughput over failing requests says nothing about speculation")
+    if not any(lv.get("speedup") is not None for lv in levels):
+        return "nothing measured: no level has both a speculative and a baseline throughput"
+    return None
+
+
+def decide(levels: list[dict], k: int, margin: float = 0.10) -> tuple[str | None, int | None, str]:
+    """Verdict from per-concurrency results (traffic-weighted equally): keep, reduce-k or disable; None when
+    nothing was measured."""
     measured = [lv for lv in levels if lv.get("speedup") is not None]
     if not measured:
-        return "keep", None, "no baseline to compare against: nothing decided"
+        return None, None, "nothing measured: no level has both a speculative and a baseline throughput"
     speedup = statistics.mean(lv["speedup"] for lv in measured)
     preds: dict[int, list[float]] = {}
     for lv in measured:
@@ -246,7 +270,15 @@ def gate(url: str, engine: str, concurrency: list[int], requests: int | None = N
     report = {"engine": engine, "url": url, "model": model, "timestamp": time.time(), "margin": margin,
               "speculation": spec_on, "k": k, "levels": levels,
               "levels_by_concurrency": {str(lv["concurrency"]): lv for lv in levels}}
-    if spec_on and baseline:
+    failed, sent = failures(levels)
+    report.update(failed_requests=failed, sent_requests=sent)
+    refused = refusal(levels, baseline) if baseline else None
+    if baseline and not spec_on and not refused:
+        refused = "nothing measured: the engine reported no speculative acceptance"
+    if refused:
+        report.update(verdict=None, recommended_k=None, refused=refused,
+                      reason=f"no decision: {refused}; the previous decision stays")
+    elif spec_on and baseline:
         verdict, rk, why = decide(levels, k or 1, margin)
         report.update(verdict=verdict, recommended_k=rk, reason=why)
     elif not spec_on:
@@ -286,8 +318,12 @@ def chart(report: dict, out: Path) -> Path | None:
     a2.axhline(1 + report["margin"], color="grey", ls="--", lw=1, label=f"keep threshold {1 + report['margin']:.2f}x")
     a2.set_xlabel("concurrency")
     a2.set_ylabel("speedup vs no speculation")
-    a2.set_title(f"verdict: {report.get('verdict')}" + (f" (k={report['recommended_k']})"
-                                                         if report.get("recommended_k") else ""))
+    if report.get("refused"):
+        title = f"no decision: {report.get('failed_requests', 0)} of {report.get('sent_requests', 0)} requests failed"
+    else:
+        title = f"verdict: {report.get('verdict')}" + (f" (k={report['recommended_k']})"
+                                                       if report.get("recommended_k") else "")
+    a2.set_title(title)
     a2.legend()
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,13 @@
-"""Prometheus rules and the Grafana dashboard.
+"""Prometheus rules and the Grafana dashboard, both from the metric definitions in ``metrics.py``.
 
-The dashboard is built from code here (plain Grafana JSON) rather than with grafana-foundation-sdk: every
-panel's PromQL lives in one Python list that the tests evaluate against a real Prometheus, and no SDK whose
-schema tracks Grafana releases has to be pinned on the controller.
+The dashboard is built with Grafana's Foundation SDK (``grafana-foundation-sdk``); every panel's PromQL comes from
+``PANELS``, which the tests evaluate against a real Prometheus and ``specdeploy report`` renders without Grafana.
 """
 from __future__ import annotations
 
 import json
 
+from . import metrics as M
 from .render import jinja_env
 
 RULE_DEFAULTS = {"eval_interval": "15s", "ready_timeout": "1h", "min_acceptance_length": 2.0,
@@ -16,6 +16,8 @@ RULE_DEFAULTS = {"eval_interval": "15s", "ready_timeout": "1h", "min_acceptance_
 
 def render_rules(**overrides) -> str:
     ctx = dict(RULE_DEFAULTS, **overrides)
+    ctx.update(q_tokens_1m=M.q_tokens_per_s("1m"), q_ttft_p95_5m=M.q_ttft(0.95, "5m"),
+               q_itl_p95_5m=M.q_itl(0.95, "5m"), q_kv=M.Q_KV, q_spec_on=M.Q_SPEC_ON)
     return jinja_env().get_template("monitoring/specdeploy.rules.yml.j2").render(**ctx)
 
 
@@ -25,7 +27,8 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
     ("Speculative decoding", "Draft acceptance rate", "percentunit",
      [("{{host}}", "specdeploy_spec_acceptance_rate")]),
     ("Speculative decoding", "Acceptance length (bonus token included)", "none",
-     [("{{host}}", "specdeploy_spec_acceptance_length"), ("alert threshold", "vector(2.0)")]),
+     [("{{host}}", "specdeploy_spec_acceptance_length"),
+      ("alert threshold", f"vector({RULE_DEFAULTS['min_acceptance_length']})")]),
     ("Speculative decoding", "Acceptance per draft position", "percentunit",
      [("{{host}} pos {{position}}", "specdeploy_spec_position_acceptance_rate")]),
     ("Speculative decoding", "Draft and accepted tokens/s", "short",
@@ -33,18 +36,13 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
       ("{{host}} accepted", f"sum by (host) (rate(specdeploy_spec_accepted_tokens_total[{R}]))")]),
     ("Speculative decoding", "Speedup vs no speculation (gate)", "none",
      [("{{host}} c={{concurrency}}", "specdeploy_gate_speedup"), ("break-even", "vector(1)")]),
-    ("Serving", "Time to first token p50 / p95", "s",
-     [("{{host}} p95", f"histogram_quantile(0.95, sum by (host, le) (rate(vllm:time_to_first_token_seconds_bucket[{R}]))) or histogram_quantile(0.95, sum by (host, le) (rate(sglang:time_to_first_token_seconds_bucket[{R}])))"),
-      ("{{host}} p50", f"histogram_quantile(0.5, sum by (host, le) (rate(vllm:time_to_first_token_seconds_bucket[{R}]))) or histogram_quantile(0.5, sum by (host, le) (rate(sglang:time_to_first_token_seconds_bucket[{R}])))")]),
-    ("Serving", "Inter-token latency p95", "s",
-     [("{{host}}", f"histogram_quantile(0.95, sum by (host, le) (rate(vllm:inter_token_latency_seconds_bucket[{R}]))) or histogram_quantile(0.95, sum by (host, le) (rate(sglang:inter_token_latency_seconds_bucket[{R}])))")]),
-    ("Serving", "Output tokens/s", "short",
-     [("{{host}}", f"sum by (host) (rate(vllm:generation_tokens_total[{R}])) or sum by (host) (rate(sglang:generation_tokens_total[{R}]))")]),
+    ("Serving", "Time to first token p50 / p99", "s",
+     [("{{host}} p99", M.q_ttft(0.99, R)), ("{{host}} p50", M.q_ttft(0.5, R))]),
+    ("Serving", "Inter-token latency p95", "s", [("{{host}}", M.q_itl(0.95, R))]),
+    ("Serving", "Output tokens/s", "short", [("{{host}}", M.q_tokens_per_s(R))]),
     ("Serving", "Running / waiting requests", "short",
-     [("{{host}} running", "sum by (host) (vllm:num_requests_running) or sum by (host) (sglang:num_running_reqs)"),
-      ("{{host}} waiting", "sum by (host) (vllm:num_requests_waiting) or sum by (host) (sglang:num_queue_reqs)")]),
-    ("Serving", "KV cache usage", "percentunit",
-     [("{{host}}", "max by (host) (vllm:kv_cache_usage_perc) or max by (host) (sglang:token_usage)")]),
+     [("{{host}} running", M.Q_RUNNING), ("{{host}} waiting", M.Q_WAITING)]),
+    ("Serving", "KV cache usage", "percentunit", [("{{host}}", M.Q_KV)]),
     ("GPU (DCGM)", "GPU utilization", "percent", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_GPU_UTIL")]),
     ("GPU (DCGM)", "GPU memory used", "decmbytes", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_FB_USED")]),
     ("GPU (DCGM)", "GPU power", "watt", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_POWER_USAGE")]),
@@ -52,40 +50,30 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
 
 
 def dashboard() -> dict:
-    panels, y, pid = [], 0, 1
-    section = None
-    x = 0
+    """The dashboard, built with the Foundation SDK and returned as Grafana's JSON model."""
+    from grafana_foundation_sdk.builders import dashboard as gd
+    from grafana_foundation_sdk.builders import prometheus as gp
+    from grafana_foundation_sdk.builders import timeseries as gt
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import DataSourceRef
+
+    ds = DataSourceRef(type_val="prometheus", uid="${datasource}")
+    b = (gd.Dashboard("specdeploy: speculative decoding").uid("specdeploy-spec").tags(["specdeploy", "vllm", "sglang"])
+         .editable().refresh("30s").time("now-1h", "now").version(1)
+         .with_variable(gd.DatasourceVariable("datasource").label("Prometheus").type("prometheus")))
+    section, pid = None, 0
     for sec, title, unit, targets in PANELS:
         if sec != section:
-            if section is not None:
-                y += 8
-            panels.append({"id": pid, "type": "row", "title": sec, "collapsed": False,
-                           "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}})
             pid += 1
-            y += 1
-            x = 0
+            b = b.with_row(gd.Row(sec).id(pid))
             section = sec
-        if x >= 24:
-            x, y = 0, y + 8
-        panels.append({
-            "id": pid, "type": "timeseries", "title": title,
-            "datasource": {"type": "prometheus", "uid": "${datasource}"},
-            "gridPos": {"h": 8, "w": 8, "x": x, "y": y},
-            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-            "targets": [{"refId": chr(65 + i), "expr": expr, "legendFormat": legend,
-                         "datasource": {"type": "prometheus", "uid": "${datasource}"}}
-                        for i, (legend, expr) in enumerate(targets)],
-        })
         pid += 1
-        x += 8
-    return {
-        "uid": "specdeploy-spec", "title": "specdeploy: speculative decoding", "schemaVersion": 39,
-        "version": 1, "editable": True, "time": {"from": "now-1h", "to": "now"}, "refresh": "30s",
-        "tags": ["specdeploy", "vllm", "sglang"],
-        "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus",
-                                 "label": "Prometheus"}]},
-        "panels": panels,
-    }
+        panel = gt.Panel().id(pid).title(title).unit(unit).datasource(ds).height(8).span(8)
+        for i, (legend, expr) in enumerate(targets):
+            panel = panel.with_target(gp.Dataquery().expr(expr).legend_format(legend).ref_id(chr(65 + i))
+                                      .datasource(ds))
+        b = b.with_panel(panel)
+    return json.loads(JSONEncoder(sort_keys=True, indent=2).encode(b.build()))
 
 
 def dashboard_json() -> str:

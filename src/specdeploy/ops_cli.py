@@ -134,9 +134,13 @@ def register(app: typer.Typer):
             for lv in report["levels"]:
                 al = lv.get("acceptance_length")
                 sp = lv.get("speedup")
-                print(f"c={lv['concurrency']:<4} tok/s {lv['output_tps']:8.1f}  AL {al and round(al, 2)}  "
+                print(f"c={lv['concurrency']:<4} failed {lv.get('errors', 0)}/{lv.get('requests')}  "
+                      f"tok/s {lv['output_tps']:8.1f}  AL {al and round(al, 2)}  "
                       f"accept {lv.get('acceptance_rate') and round(lv['acceptance_rate'], 2)}  "
                       f"speedup {sp and round(sp, 2)}  break-even AL {lv.get('breakeven_al') and round(lv['breakeven_al'], 2)}")
             print(f"verdict: {report.get('verdict')} {('k=' + str(report['recommended_k'])) if report.get('recommended_k') else ''}"
                   f" - {report.get('reason')}")
             print(f"wrote {out / 'report.json'} and {out / 'report.png'}")
+        if report.get("refused"):  # no verdict: whoever applies verdicts keeps the previous one
+            print(f"gate refused to decide: {report['refused']}", file=sys.stderr)
+            raise typer.Exit(1)

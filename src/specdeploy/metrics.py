@@ -1,0 +1,59 @@
+"""The one definition of specdeploy's metric names and of the PromQL built on them.
+
+The exporter publishes these names with these help texts; the Prometheus rules, the Grafana dashboard,
+``specdeploy status`` and ``specdeploy report`` all query them through the expressions below.
+"""
+from __future__ import annotations
+
+# name -> (type, help)
+EXPORTED: dict[str, tuple[str, str]] = {
+    "specdeploy_engine_up": ("gauge", "1 when the last engine scrape succeeded and parsed"),
+    "specdeploy_exporter_scrape_errors": ("counter", "Failed or unparsable engine scrapes"),
+    "specdeploy_engine": ("info", "What is deployed"),
+    "specdeploy_spec_acceptance_rate": ("gauge", "Accepted / draft tokens over the window"),
+    "specdeploy_spec_acceptance_length": ("gauge", "1 + accepted / drafts over the window (bonus token included)"),
+    "specdeploy_spec_position_acceptance_rate": ("gauge", "Accepted at position / drafts over the window"),
+    "specdeploy_spec_drafts": ("counter", "Engine drafts (re-exported)"),
+    "specdeploy_spec_draft_tokens": ("counter", "Engine draft tokens (re-exported)"),
+    "specdeploy_spec_accepted_tokens": ("counter", "Engine accepted tokens (re-exported)"),
+    "specdeploy_gate_speedup": ("gauge", "Measured speedup of speculation vs none"),
+    "specdeploy_gate_breakeven_acceptance_length": ("gauge", "Acceptance length at which speculation breaks even"),
+    "specdeploy_gate_verdict": ("gauge", "1 for the gate's current verdict"),
+    "specdeploy_gate_failed_requests": ("gauge", "Requests that failed during the gate's last measurement"),
+    "specdeploy_gate_timestamp_seconds": ("gauge", "When the gate last ran"),
+}
+
+
+def help_of(name: str) -> str:
+    return EXPORTED[name][1]
+
+
+def _both(fmt: str) -> str:
+    """One expression for both engines (their serving metrics differ only in the prefix)."""
+    return f"{fmt.format(e='vllm')} or {fmt.format(e='sglang')}"
+
+
+# serving figures, per host; R is the rate window ("$__rate_interval" in Grafana, "1m" elsewhere)
+def q_tokens_per_s(r: str) -> str:
+    return _both("sum by (host) (rate({e}:generation_tokens_total[%s]))" % r)
+
+
+def q_ttft(quantile: float, r: str) -> str:
+    return _both(f"histogram_quantile({quantile}, sum by (host, le) (rate({{e}}:time_to_first_token_seconds_bucket[{r}])))")
+
+
+def q_itl(quantile: float, r: str) -> str:
+    return _both(f"histogram_quantile({quantile}, sum by (host, le) (rate({{e}}:inter_token_latency_seconds_bucket[{r}])))")
+
+
+def q_itl_mean(r: str) -> str:
+    return _both(f"sum by (host) (rate({{e}}:inter_token_latency_seconds_sum[{r}])) / "
+                 f"sum by (host) (rate({{e}}:inter_token_latency_seconds_count[{r}]))")
+
+
+Q_RUNNING = "sum by (host) (vllm:num_requests_running) or sum by (host) (sglang:num_running_reqs)"
+Q_WAITING = "sum by (host) (vllm:num_requests_waiting) or sum by (host) (sglang:num_queue_reqs)"
+Q_KV = "max by (host) (vllm:kv_cache_usage_perc) or max by (host) (sglang:token_usage)"
+# speculation is on where the deployed unit says so (the exporter's info carries the draft-token count)
+Q_SPEC_ON = 'max by (host) (specdeploy_engine_info{spec_tokens!="0",spec_tokens!=""})'
+Q_RESTARTS = 'changes(process_start_time_seconds{job="specdeploy_engine"}[1d])'
