@@ -38,7 +38,8 @@ out = Console()
 err = Console(stderr=True)
 
 InvOpt = typer.Option(..., "-i", "--inventory", help="Ansible inventory directory or file.")
-ExtraOpt = typer.Option(None, "-e", "--extra-vars", help="KEY=VALUE or @file.yml, like ansible-playbook -e.")
+ExtraOpt = typer.Option(None, "-e", "--extra-vars",
+                        help="KEY=VALUE, a JSON/YAML mapping, or @file.yml, like ansible-playbook -e.")
 
 
 def _fail(exc: SpecdeployError, code: int = 2):
@@ -57,10 +58,10 @@ def plan_cmd(inventory: str = InvOpt, limit: Optional[str] = typer.Option(None, 
     from .plan import plan, write_out
     try:
         _, plans, prom = plan(inventory, limit, parse_extra_vars(extra_vars))
+        if out_dir:
+            write_out(out_dir, plans, prom)
     except SpecdeployError as exc:
         _fail(exc)
-    if out_dir:
-        write_out(out_dir, plans, prom)
     if as_json:
         print(json.dumps({"hosts": {h: p.to_dict() for h, _, p in plans}, "prometheus": prom}, indent=2))
         return

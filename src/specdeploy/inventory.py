@@ -3,6 +3,7 @@ variables (group_vars/, host_vars/, -e overrides)."""
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,39 +43,95 @@ class Inventory:
                                        f"use one of: {', '.join(h.name for h in self.engine_hosts)}")])
 
 
+def _mapping(text: str, where: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise SpecdeployError([Finding("error", "-e", f"{where} is not valid YAML/JSON{at}",
+                                       "give a mapping such as '{\"key\": \"value\"}' or KEY=VALUE")]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SpecdeployError([Finding("error", "-e", f"{where} is not a mapping",
+                                       "give KEY: VALUE lines, a JSON object, or KEY=VALUE")])
+    return data
+
+
 def parse_extra_vars(items: list[str] | None) -> dict[str, Any]:
-    """``-e KEY=VALUE`` (YAML-typed value) or ``-e @file.yml``, like ansible-playbook."""
+    """``-e`` as ansible-playbook takes it: ``@file`` (YAML or JSON), an inline JSON/YAML mapping
+    (``'{"k": {...}}'``), or space-separated ``KEY=VALUE`` pairs (values YAML-typed). Later items win."""
     out: dict[str, Any] = {}
     for item in items or []:
+        item = item.strip()
         if item.startswith("@"):
             p = Path(item[1:])
             if not p.is_file():
                 raise SpecdeployError([Finding("error", "-e", f"{p} does not exist", "give an existing YAML file")])
-            data = yaml.safe_load(p.read_text()) or {}
-            if not isinstance(data, dict):
-                raise SpecdeployError([Finding("error", "-e", f"{p} is not a YAML mapping", "write KEY: VALUE lines")])
-            out.update(data)
+            try:
+                text = p.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = "is not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else f"cannot be read ({exc})"
+                raise SpecdeployError([Finding("error", "-e", f"{p} {reason}",
+                                               "give a YAML or JSON file of variables")]) from None
+            out.update(_mapping(text, str(p)))
             continue
-        if "=" not in item:
-            raise SpecdeployError([Finding("error", "-e", f"'{item}' is not KEY=VALUE", "write -e KEY=VALUE")])
-        key, _, raw = item.partition("=")
+        if item.startswith(("{", "[")):
+            out.update(_mapping(item, f"'{item[:60]}'"))
+            continue
         try:
-            out[key.strip()] = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            out[key.strip()] = raw
+            pairs = shlex.split(item)
+        except ValueError as exc:
+            raise SpecdeployError([Finding("error", "-e", f"'{item}': {exc}", "balance the quotes")]) from None
+        for pair in pairs:
+            if "=" not in pair:
+                raise SpecdeployError([Finding("error", "-e", f"'{pair}' is not KEY=VALUE",
+                                               "write -e KEY=VALUE, -e '{\"KEY\": VALUE}' or -e @file.yml")])
+            key, _, raw = pair.partition("=")
+            try:
+                out[key.strip()] = yaml.safe_load(raw) if raw != "" else ""
+            except yaml.YAMLError:
+                out[key.strip()] = raw
     return out
 
 
 def _ansible_load(path: Path, extra: dict[str, Any]):
+    from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager
 
     loader = DataLoader()
-    inv = InventoryManager(loader=loader, sources=[str(path)])
+    try:
+        inv = InventoryManager(loader=loader, sources=[str(path)])
+    except AnsibleError as exc:
+        raise _ansible_error(exc, path) from None
     vm = VariableManager(loader=loader, inventory=inv)
     vm._extra_vars = dict(extra)  # what ansible-playbook -e does
     return inv, vm
+
+
+def _ansible_error(exc: Exception, path: Path) -> SpecdeployError:
+    """Ansible's parse errors carry the file deep in their cause chain; name that file, not a traceback."""
+    where, c = str(path), exc
+    while c is not None:
+        obj = getattr(c, "obj", None)
+        if obj is not None and str(obj).strip():
+            where = str(obj)
+            break
+        c = c.__cause__ or c.__context__
+    msg = (str(getattr(exc, "message", "") or exc).strip().splitlines() or ["cannot be parsed"])[0]
+    return SpecdeployError([Finding("error", where, msg,
+                                    "fix the YAML in that file (indentation, quoting of values with ': ')")])
+
+
+def _ansible_vars(vm, host, path: Path) -> dict[str, Any]:
+    from ansible.errors import AnsibleError
+    try:
+        return vm.get_vars(host=host, include_hostvars=False)
+    except AnsibleError as exc:
+        raise _ansible_error(exc, path) from None
 
 
 def _check_path(path: Path):
@@ -90,7 +147,7 @@ def host_variables(path: Path, extra: dict[str, Any] | None = None):
     inv, vm = _ansible_load(path, extra or {})
     out: dict[str, Any] = {}
     for h in inv.get_hosts():
-        raw = vm.get_vars(host=h, include_hostvars=False)
+        raw = _ansible_vars(vm, h, path)
         templar = Templar(loader=vm._loader, variables=raw)
         try:
             out[h.name] = _plain({k: (_template(templar, k, v, h.name) if k.startswith("specdeploy_") else v)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import inventory as inv_mod
+from .errors import Finding, SpecdeployError
 from .render import HostPlan, prometheus_targets, render_host, render_prometheus
 
 
@@ -17,15 +18,13 @@ def plan(inventory: str, limit: str | None = None, extra: dict | None = None):
 
 
 def write_out(out: Path, plans, prom: str) -> list[Path]:
-    written = []
-    for host, _, p in plans:
-        for path, content in p.files.items():
-            dest = out / host / path.lstrip("/")
+    files = [(out / host / path.lstrip("/"), content) for host, _, p in plans for path, content in p.files.items()]
+    files.append((out / "prometheus" / "prometheus.yml", prom))
+    for dest, content in files:
+        try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_text(content)
-            written.append(dest)
-    dest = out / "prometheus" / "prometheus.yml"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(prom)
-    written.append(dest)
-    return written
+        except OSError as exc:
+            raise SpecdeployError([Finding("error", "--out", f"cannot write {dest}: {exc.strerror or exc}",
+                                           "give a writable directory")]) from None
+    return [dest for dest, _ in files]

@@ -86,8 +86,16 @@ def field_spec(name: str) -> dict[str, Any]:
     return spec
 
 
+def _role_names(role: str) -> list[str]:
+    if role not in ROLE_VARS:
+        from .errors import Finding, SpecdeployError
+        raise SpecdeployError([Finding("error", "role", f"unknown role '{role}'",
+                                       f"use one of: {', '.join(sorted(ROLE_VARS))}")])
+    return ROLE_VARS[role]
+
+
 def argument_specs(role: str) -> dict:
-    names = ROLE_VARS[role]
+    names = _role_names(role)
     return {"argument_specs": {"main": {
         "short_description": ROLE_DESCRIPTIONS[role],
         "description": ["Generated from specdeploy.schema.HostVars by `specdeploy schema argspec " + role + "`.",
@@ -99,7 +107,7 @@ def argument_specs(role: str) -> dict:
 def role_defaults(role: str) -> dict:
     """Schema defaults as Ansible role defaults (argument_specs defaults are documentation only)."""
     out = {}
-    for n in ROLE_VARS[role]:
+    for n in _role_names(role):
         f = FIELDS[n]
         if not f.is_required():
             out[n] = f.get_default(call_default_factory=True)
