@@ -7,7 +7,6 @@ import pytest
 
 from specdeploy.gate import breakeven
 from specdeploy.preflight import preflight
-from specdeploy.triage import triage_files, triage_lines
 
 
 def run_pf(repo, inv="example", **extra):
@@ -83,41 +82,6 @@ def test_preflight_cli_exit_codes(repo):
     assert subprocess.run(base, capture_output=True).returncode == 0
     r = subprocess.run(base + ["-e", "specdeploy_engine_patches=none", "--json"], capture_output=True, text=True)
     assert r.returncode == 1 and json.loads(r.stdout)["ok"] is False and "Traceback" not in r.stderr
-
-
-@pytest.mark.parametrize("log,sig,needle", [
-    ("vllm-image-token.log", "kimi-image-token-index", "image_token_index"),
-    ("vllm-eagle3-interface.log", "eagle3-interface-missing", "EAGLE3 interface"),
-    ("vllm-oom.log", "cuda-oom", "CUDA out of memory"),
-])
-def test_triage_finds_root_cause_in_interleaved_logs(repo, log, sig, needle):
-    res = triage_files([repo / "tests/data/logs" / log])
-    assert res.signature == sig and needle in res.root_cause
-    assert res.worker.startswith("Worker_TP") and res.fix
-    assert "Engine core initialization failed" not in res.root_cause
-    assert res.location and ".py:" in res.location
-
-
-def test_triage_unknown_failure_is_verbatim(repo):
-    res = triage_files([repo / "tests/data/logs/vllm-unknown.log"])
-    assert res.signature is None
-    assert res.root_cause == "ValueError: expert map shape (96,) does not match local experts 48"
-    assert res.location.endswith("fused_moe/layer.py:1432")
-
-
-@pytest.mark.parametrize("line,sig", [
-    ("ValueError: Eagle3 is only supported for ['llama', 'qwen', 'minicpm', 'gpt_oss'] models. Got kimi_k2", "eagle3-target-whitelist"),
-    ("TypeError: SchedulerConfig.__init__() missing 1 required keyword-only argument: 'is_encoder_decoder'", "scheduler-is-encoder-decoder"),
-    ("ValueError: Loading /shared/kimi-k2.5-int4 requires you to execute the configuration file in that repo on your local machine. Make sure you have read the code there to avoid malicious use, then set the option `trust_remote_code=True` to remove this error.", "tokenizer-trust-remote-code"),
-    ("[rank3]:[E221 20:30:01.123 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.", "nccl-watchdog-timeout"),
-    ("ValueError: Model KimiK25ForConditionalGeneration does not support EAGLE3 hidden state capture (supports_eagle3 is False)", "speculators-supports-eagle3"),
-])
-def test_triage_signatures(line, sig):
-    p = "(Worker_TP0 pid=1) ERROR 02-21 20:16:57 [multiproc_executor.py:863] "
-    lines = [p + "Traceback (most recent call last):", p + '  File "/x/custom_worker.py", line 103, in f',
-             p + "    raise ValueError(", p + line,
-             "RuntimeError: Engine core initialization failed. See root cause above."]
-    assert triage_lines(lines).signature == sig
 
 
 def test_breakeven_examples():

@@ -42,28 +42,65 @@ def register(app: typer.Typer):
 
     @app.command("triage")
     def triage_cmd(logfiles: Optional[List[Path]] = typer.Argument(None),
-                   journal: Optional[str] = typer.Option(None, "--journal", help="systemd unit to read"),
+                   journal: Optional[str] = typer.Option(None, "--journal", help="systemd unit to read (also reads "
+                                                         "the kernel log for OOM kills)"),
+                   kernel_log: Optional[Path] = typer.Option(None, "--kernel-log", help="saved dmesg / journalctl -k "
+                                                             "output, evidence for OOM kills"),
                    as_json: bool = typer.Option(False, "--json")):
-        """Find the root exception in multi-process engine logs and name known failures."""
+        """Root exception of engine logs, how the engine ended (failed, clean-shutdown, killed), known fixes."""
         import subprocess
-        from .triage import triage_files, triage_lines
+
+        from .triage import read_log, triage_lines
+
+        def fail(msg: str):
+            print(f"ERROR {msg}", file=sys.stderr)
+            raise typer.Exit(2)
+
+        kernel: list[str] = []
+        if kernel_log is not None:
+            if not kernel_log.is_file():
+                fail(f"--kernel-log: {kernel_log} is not a file. Fix: give a saved `dmesg` or `journalctl -k` output")
+            kernel = read_log(kernel_log)
         if journal:
-            r = subprocess.run(["journalctl", "-u", journal, "--no-pager", "-o", "cat", "-n", "20000"],
-                               capture_output=True, text=True)
-            res = triage_lines(r.stdout.splitlines())
+            try:
+                r = subprocess.run(["journalctl", "-u", journal, "--no-pager", "-o", "cat", "-n", "20000"],
+                                   check=False, capture_output=True, text=True, errors="replace")
+            except OSError as exc:
+                fail(f"--journal {journal}: cannot run journalctl ({exc}). Fix: run on the host, or save the log "
+                     f"and pass it as a file")
+            if r.returncode != 0 and not r.stdout:
+                fail(f"--journal {journal}: journalctl failed: {r.stderr.strip()[:200]}. Fix: check the unit name "
+                     f"(systemctl list-units 'specdeploy-*')")
+            lines = r.stdout.splitlines()
+            if not kernel:
+                try:
+                    k = subprocess.run(["journalctl", "-k", "--no-pager", "-o", "short-iso", "-n", "5000"],
+                                       check=False, capture_output=True, text=True, errors="replace")
+                    kernel = k.stdout.splitlines()
+                except OSError:
+                    kernel = []
         else:
-            missing = [str(p) for p in logfiles or [] if not p.is_file()]
-            if not logfiles or missing:
-                print(f"ERROR LOGFILE: {', '.join(missing) or 'none given'} Fix: give log files or --journal UNIT",
-                      file=sys.stderr)
-                raise typer.Exit(2)
-            res = triage_files(logfiles)
+            bad = [f"{p} ({'missing' if not p.exists() else 'not a file'})" for p in logfiles or [] if not p.is_file()]
+            if not logfiles or bad:
+                fail(f"LOGFILE: {', '.join(bad) or 'none given'}. Fix: give engine log files or --journal UNIT")
+            lines = []
+            for p in logfiles:
+                try:
+                    lines.extend(read_log(p))
+                except OSError as exc:
+                    fail(f"LOGFILE {p}: {exc.strerror or exc}. Fix: make it readable or copy it somewhere readable")
+        res = triage_lines(lines, kernel)
         if as_json:
             print(json.dumps(res.to_dict(), indent=2))
         else:
             for k, v in res.to_dict().items():
-                print(f"{k:11s} {v}")
-        raise typer.Exit(0 if res.root_cause else 1)
+                if k == "evidence":
+                    for e in v:
+                        where = f"line {e['line']}" if e.get("line") else "kernel log"
+                        print(f"{'evidence':11s} {where}: {e['text']}  ({e['why']})")
+                elif v is not None:
+                    print(f"{k:11s} {v}")
+        raise typer.Exit(0 if res.root_cause or res.outcome == "clean-shutdown" else 1)
 
     @app.command("breakeven")
     def breakeven_cmd(acceptance_length: float = typer.Option(..., "--acceptance-length"),

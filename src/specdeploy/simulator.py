@@ -142,8 +142,8 @@ def sglang_crash_log(version: str, model: str, k: int, tp: int) -> str:
     """SGLang's format: ``[date time TPn] message``; a scheduler's traceback starts mid-line and its continuation
     lines carry no prefix. Each rank writes its block in one piece, so ranks interleave by block, not by line."""
     ts = time.strftime("%Y-%m-%d %H:%M:%S")
-    out = [f"[{ts}] server_args=ServerArgs(model_path='{model}', tp_size={tp}, trust_remote_code=True, "
-           f"speculative_algorithm='EAGLE3', speculative_num_steps={k}, sglang_version='{version}')\n"]
+    out = [(f"[{ts}] server_args=ServerArgs(model_path='{model}', tp_size={tp}, trust_remote_code=True, "
+            f"speculative_algorithm='EAGLE3', speculative_num_steps={k}, sglang_version='{version}')\n")]
     out += [f"[{ts} TP{r}] Load weight end. type=KimiK25ForConditionalGeneration, dtype=torch.bfloat16\n"
             for r in range(tp)]
     out += [f"[{ts} TP{r}] Capture cuda graph begin. This can take up to several minutes.\n" for r in range(tp)]
