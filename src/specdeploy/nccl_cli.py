@@ -30,8 +30,13 @@ def tune_cmd(gpus: int = typer.Option(2, "--gpus"), hidden: Optional[int] = type
              pcie: bool = typer.Option(False, "--pcie", help="Add the P2P-level candidates."),
              modes: str = typer.Option("eager,graph", "--modes"), iters: int = typer.Option(50, "--iters"),
              timeout: float = typer.Option(180, "--timeout"),
+             rounds: int = typer.Option(1, "--rounds", min=1,
+                                        help="Rounds; each runs every candidate in a freshly shuffled order."),
+             seed: Optional[int] = typer.Option(None, "--seed", help="Shuffle seed (recorded in the results)."),
+             aa: bool = typer.Option(True, "--aa/--no-aa", help="Run the default twice per round (A/A control)."),
              out: Path = typer.Option(Path("nccl-results.json"), "--out")):
-    """Measure bf16 all-reduce of (tokens x hidden) for each candidate environment, in fresh processes."""
+    """Measure bf16 all-reduce of (tokens x hidden) for each candidate environment, in fresh processes,
+    interleaved over --rounds rounds with the default as control in every round."""
     import yaml
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -54,71 +59,125 @@ def tune_cmd(gpus: int = typer.Option(2, "--gpus"), hidden: Optional[int] = type
         if unknown:
             _die(f"--only: unknown candidates {unknown}; known: {', '.join(cands)}")
         cands = {k: v for k, v in cands.items() if k in names}
+    bad = [kv for kv in base_env or [] if "=" not in kv]
+    if bad:
+        _die(f"--base-env {bad[0]!r} is not KEY=VALUE")
     base = dict(kv.split("=", 1) for kv in base_env or [])
+    runs_per_round = len({"default", *cands}) + (1 if aa else 0)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), transient=False) as prog:
-        task = prog.add_task("NCCL sweep", total=len(cands))
+        task = prog.add_task("NCCL sweep", total=runs_per_round * rounds)
 
-        def cb(name, status):
+        def cb(name, status, rnd):
             if status == "start":
-                prog.update(task, description=f"NCCL sweep: {name}")
+                prog.update(task, description=f"NCCL sweep, round {rnd + 1}/{rounds}: {name}")
             else:
                 prog.advance(task)
-                prog.console.print(f"  {name}: {status}")
+                prog.console.print(f"  round {rnd + 1} {name}: {status}")
         res = tune(cands, gpus, hidden, out, modes=tuple(modes.split(",")), iters=iters, timeout=timeout,
-                   base_env=base, progress=cb)
-    print(f"wrote {out} ({sum(c['status'] == 'ok' for c in res['candidates'])}/{len(res['candidates'])} ok)")
+                   base_env=base, progress=cb, rounds=rounds, seed=seed, aa=aa)
+    runs = [c for r in res["rounds"] for c in r["candidates"]]
+    print(f"wrote {out} ({len(res['rounds'])} round(s), {sum(c['status'] == 'ok' for c in runs)}/{len(runs)} "
+          f"runs ok, seed {res['seed']})")
 
 
 @nccl_app.command("choose")
-def choose_cmd(results: Path = typer.Argument(...), mode: str = typer.Option("graph", "--mode"),
+def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl tune` results files (pooled)."),
+               mode: str = typer.Option("graph", "--mode"),
                batch_mix: Optional[str] = typer.Option(None, "--batch-mix", help="TOKENS:WEIGHT,..."),
                prefill_tolerance: float = typer.Option(0.03, "--prefill-tolerance"),
+               min_gain: float = typer.Option(0.03, "--min-gain", help="Smallest weighted decode gain to act on."),
+               min_rounds: int = typer.Option(3, "--min-rounds", min=1),
+               engine: Optional[str] = typer.Option(None, "--engine", help="vllm or sglang: weight only what "
+                                                    "that engine sends to NCCL."),
+               engine_version: Optional[str] = typer.Option(None, "--engine-version"),
+               hardware: Optional[str] = typer.Option(None, "--hardware", help="Hardware profile name."),
+               custom_all_reduce: Optional[bool] = typer.Option(
+                   None, "--custom-all-reduce/--no-custom-all-reduce", help="Default: the profile's."),
+               inventory: Optional[str] = typer.Option(None, "-i", "--inventory",
+                                                       help="Take engine, version, profile from this inventory."),
+               host: Optional[str] = typer.Option(None, "--host", help="Host in --inventory."),
                tuner_csv: Optional[Path] = typer.Option(None, "--tuner-csv"),
                write_host_vars: Optional[Path] = typer.Option(None, "--write-host-vars",
                                                               help="host_vars/HOST.yml to update"),
                chart: Optional[Path] = typer.Option(None, "--chart"),
                as_json: bool = typer.Option(False, "--json")):
-    """Pick the environment with the lowest traffic-weighted decode latency that keeps prefill sizes fast."""
+    """Keep NCCL's default unless a candidate beats it consistently, beyond noise, on the traffic NCCL carries."""
     import yaml
     from rich.console import Console
     from rich.table import Table
 
-    from .nccl.choose import ChooseError, choose, explain
+    from .nccl.choose import ChooseError, choose, evidence_lines, explain
+    from .nccl.traffic import TrafficError, traffic, traffic_for_host
 
-    if not results.is_file():
-        _die(f"{results} does not exist")
+    items = []
+    for path in results:
+        if not path.is_file():
+            _die(f"{path} does not exist")
+        try:
+            items.append((str(path), json.loads(path.read_text())))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            _die(f"{path}: not JSON ({exc})")
+    gpus = items[0][1].get("gpus") if isinstance(items[0][1], dict) else None
+    tr = None
     try:
-        data = json.loads(results.read_text())
-        ch = choose(data, mode, batch_mix, prefill_tolerance)
-    except (ChooseError, json.JSONDecodeError, KeyError) as exc:
-        _die(f"{results}: {exc}")
+        if inventory or host:
+            if not (inventory and host):
+                _die("-i/--inventory and --host go together")
+            from .errors import SpecdeployError
+            from .inventory import load
+            try:
+                hv = load(inventory, limit=host).host(host).hv
+            except SpecdeployError as exc:
+                _die(str(exc))
+            tr = traffic_for_host(hv, gpus)
+        elif engine or engine_version or hardware:
+            if not (engine and engine_version and hardware):
+                _die("--engine, --engine-version and --hardware go together")
+            tr = traffic(engine, engine_version, hardware, gpus or 0, custom_all_reduce)
+        ch = choose(items, mode, batch_mix, prefill_tolerance, min_gain=min_gain, min_rounds=min_rounds, traffic=tr)
+    except (ChooseError, TrafficError) as exc:
+        _die(str(exc))
+    except (KeyError, TypeError, ValueError) as exc:
+        _die(f"{', '.join(str(p) for p in results)}: malformed results ({type(exc).__name__}: {exc})")
     if tuner_csv:
         tuner_csv.write_text("# colltype,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,"
                              "numPipeOps,regBuff\n" + "\n".join(ch.tuner_rows) + "\n")
     if write_host_vars:
-        cur = yaml.safe_load(write_host_vars.read_text()) if write_host_vars.exists() else {}
+        try:
+            cur = yaml.safe_load(write_host_vars.read_text()) if write_host_vars.exists() else {}
+        except yaml.YAMLError as exc:
+            _die(f"{write_host_vars}: not YAML ({exc}); fix or remove it")
         cur = cur or {}
+        if not isinstance(cur, dict):
+            _die(f"{write_host_vars}: expected a mapping of variables")
         cur["specdeploy_nccl_env"] = ch.env
         write_host_vars.parent.mkdir(parents=True, exist_ok=True)
-        write_host_vars.write_text("---\n# specdeploy_nccl_env written by `specdeploy nccl choose`\n"
-                                   + yaml.safe_dump(cur, sort_keys=True))
+        head = "".join(f"# {line}\n" for line in evidence_lines(ch))
+        tmp = write_host_vars.with_name(write_host_vars.name + ".tmp")
+        tmp.write_text("---\n# specdeploy_nccl_env written by `specdeploy nccl choose`\n" + head
+                       + yaml.safe_dump(cur, sort_keys=True))
+        tmp.replace(write_host_vars)
     if chart:
-        from .nccl.chart import sweep_chart
-        sweep_chart([data], chart, mode, ch.chosen)
+        from .nccl.chart import choice_chart
+        choice_chart(items, ch, chart)
     if as_json:
         print(json.dumps(ch.to_dict(), indent=2))
         return
-    t = Table(title=f"NCCL choice ({mode}, {data.get('gpus')} GPUs)")
-    for col in ("candidate", "weighted decode us", "vs default", "worst prefill vs default", "verdict"):
+    t = Table(title=f"NCCL choice ({mode}, {ch.gpus} GPUs, {ch.rounds} round(s) from {len(items)} file(s))")
+    for col in ("candidate", "weighted decode us", "vs default [95% CI]", "faster rounds",
+                "worst prefill vs default", "verdict"):
         t.add_column(col)
-    for row in explain(ch, data):
+    for row in explain(ch):
         t.add_row(*row)
-    c = Console()
+    c = Console(width=max(Console().width, 150))
     c.print(t)
-    c.print(f"chosen: {ch.chosen} -> {ch.env or '(NCCL defaults)'}")
-    c.print(f"per-size best would give {ch.per_size_weighted_us:.1f} us weighted "
-            f"({ch.weighted_us[ch.chosen] / ch.per_size_weighted_us:.2f}x better than the chosen global env)")
+    for line in evidence_lines(ch):
+        c.print(line)
+    if ch.per_size_weighted_us:
+        w = ch.weighted_us.get(ch.chosen)
+        c.print(f"per-size best would give {ch.per_size_weighted_us:.1f} us weighted"
+                + (f" ({w / ch.per_size_weighted_us:.2f}x better than the chosen global env)" if w else ""))
 
 
 @nccl_app.command("topo")

@@ -104,6 +104,10 @@ class EngineAdapter:
     def spec_config_problems(self, hv: "HostVars", host: str | None) -> list[Finding]:
         return []
 
+    def allreduce_paths(self, ctx: "CommContext") -> list["AllReducePath"]:
+        """The engine's all-reduce paths that are active in ``ctx`` and come before NCCL."""
+        raise NotImplementedError
+
     # --- shared -------------------------------------------------------------------------
     def validate_extras(self, hv: "HostVars", host: str | None) -> list[Finding]:
         out = self.spec_config_problems(hv, host)
@@ -141,3 +145,35 @@ def get_adapter(engine: str, version: str) -> EngineAdapter:
 
 def dumps_compact(obj) -> str:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class AllReducePath:
+    """An engine all-reduce path in front of NCCL: messages it takes never reach NCCL.
+
+    ``max_bytes`` is the bound the engine checks (``None``: the bound is not known here); ``inclusive`` says
+    whether a message of exactly ``max_bytes`` still takes this path."""
+
+    name: str
+    max_bytes: int | None
+    inclusive: bool
+    source: str
+
+    def takes(self, nbytes: int) -> bool | None:
+        if self.max_bytes is None:
+            return None
+        return nbytes <= self.max_bytes if self.inclusive else nbytes < self.max_bytes
+
+
+@dataclass(frozen=True)
+class CommContext:
+    """What decides an engine's all-reduce path: hardware, tensor-parallel size, custom all-reduce switch."""
+
+    compute_capability: str
+    world_size: int
+    nvlink: bool  # every GPU pair on NVLink (NVLink profiles are NVSwitch-connected)
+    multicast: bool  # NVSwitch multicast (fabric manager), needed by torch symmetric-memory all-reduce
+    custom_all_reduce: bool

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..errors import Finding
-from . import Command, EngineAdapter, Health, Metrics, Span
+from . import AllReducePath, Command, CommContext, EngineAdapter, Health, Metrics, Span
 
 VERSIONS = (
     "0.5.1", "0.5.1.post1", "0.5.1.post2", "0.5.1.post3", "0.5.2", "0.5.3", "0.5.3.post1", "0.5.3.post2",
@@ -29,6 +29,19 @@ FLAGS = {f: Span() for f in (
     "--config", "--kv-cache-dtype", "--max-running-requests", "--chunked-prefill-size",
     "--tool-call-parser", "--reasoning-parser", "--watchdog-timeout",
     "--dist-timeout", "--page-size", "--moe-runner-backend", "--speculative-draft-model-quantization")}
+
+# All-reduce paths in front of NCCL, read from sglang/srt/distributed/ (custom_all_reduce.py,
+# parallel_state.py) in the 0.5.1, 0.5.10, 0.5.16 and 0.5.23 wheels. The custom all-reduce (world sizes 2, 4, 6,
+# 8; on more than two GPUs only with full NVLink) takes size <= 8 MiB on CUDA. MSCCL++, torch symmetric memory
+# and the PCIe-IPC all-reduce (0.5.23) are off unless enabled, so they are not listed.
+CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
+CUSTOM_AR_MAX = 8192 * 1024
+# FlashInfer all-reduce fusion is switched on automatically for KimiK25ForConditionalGeneration on SM90/SM100
+# with TP > 1 (seen in 0.5.10, 0.5.16, 0.5.23; absent in 0.5.1; 0.5.2 to 0.5.9 not read). Its size bound is
+# per workspace and not recorded here, so sizes above the custom all-reduce's are "unknown" there.
+FI_FUSION_AUTO = Span("0.5.10")
+FI_FUSION_ABSENT = Span(None, "0.5.2")
+FI_FUSION_CC = ("9.0", "10.0")
 
 ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "mtp": "NEXTN", "ngram": "NGRAM"}
 
@@ -88,6 +101,21 @@ class SGLang(EngineAdapter):
         for key, v in extra.items():
             argv += ["--speculative-" + key.replace("_", "-"), str(v)]
         return argv
+
+    def allreduce_paths(self, ctx: CommContext) -> list[AllReducePath]:
+        out = []
+        ws = ctx.world_size
+        if ctx.custom_all_reduce and ws in CUSTOM_AR_WORLD_SIZES and (ws == 2 or ctx.nvlink):
+            out.append(AllReducePath("custom all-reduce", CUSTOM_AR_MAX, True,
+                                     f"SGLang {self.version} CustomAllreduce: size <= {CUSTOM_AR_MAX} bytes"))
+        if ws > 1 and ctx.compute_capability in FI_FUSION_CC and not FI_FUSION_ABSENT.contains(self.version):
+            known = FI_FUSION_AUTO.contains(self.version)
+            out.append(AllReducePath("FlashInfer all-reduce fusion", None, False,
+                                     f"SGLang {self.version} "
+                                     + ("enables it for Kimi-K2.5 on SM90/SM100" if known else
+                                        "may enable it for Kimi-K2.5 (release not read)")
+                                     + "; its size bound is not recorded"))
+        return out
 
     def command(self, hv, drafter_path=None) -> Command:
         argv = ["python", "-m", "sglang.launch_server",

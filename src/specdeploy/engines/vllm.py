@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..errors import Finding
-from . import Command, EngineAdapter, Health, Metrics, Span, dumps_compact
+from . import AllReducePath, Command, CommContext, EngineAdapter, Health, Metrics, MiB, Span, dumps_compact
 
 VERSIONS = (
     "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2",
@@ -55,6 +55,30 @@ FLAGS = {
         "--compilation-config", "--data-parallel-size", "--enable-eplb", "--load-format",
         "--enforce-eager")},
     "--language-model-only": Span("0.17.0"),
+}
+
+# All-reduce paths in front of NCCL, read from vllm/distributed/device_communicators/ (cuda_communicator.py
+# tries custom all-reduce, then torch symmetric memory, then pynccl) and the all-reduce + RMSNorm fusion pass.
+# The SM90/SM100 tables are the same in every release read (0.16.0, 0.18.0, 0.22.0, 0.27.0, 0.33.0).
+CUSTOM_AR_WORLD_SIZES = ((Span(None, "0.27.0"), (2, 4, 6, 8)), (Span("0.27.0"), (2, 4, 6, 8, 16)))
+CUSTOM_AR_MAX = 8192 * 1024  # CustomAllreduce(max_size=...); should_custom_ar: size < max_size
+# CUSTOM_ALL_REDUCE_MAX_SIZES: the custom all-reduce's cap while the symmetric-memory communicator is active.
+CUSTOM_AR_MAX_WITH_SYMM_MEM = {
+    "9.0": {2: 64 * MiB, 4: 32 * MiB, 6: MiB // 2, 8: MiB // 4},
+    "10.0": {2: 2 * MiB, 4: 2 * MiB, 6: MiB, 8: MiB},
+}
+# SYMM_MEM_ALL_REDUCE_MAX_SIZES; VLLM_ALLREDUCE_USE_SYMM_MEM defaults to 1; the communicator disables itself
+# when the rendezvous gives no multicast pointer (no NVSwitch multicast).
+SYMM_MEM_MAX = {
+    "9.0": {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB},
+    "10.0": {2: 8 * MiB, 4: 32 * MiB, 6: 128 * MiB, 8: 128 * MiB},
+}
+# FlashInfer all-reduce + RMSNorm fusion: on by default (-O2) from 0.18.0 on SM90/SM100 with TP > 1 (no DP/PP);
+# FI_ALLREDUCE_FUSION_MAX_SIZE_MB. It needs the compiled model (not --enforce-eager).
+FI_FUSION = Span("0.18.0")
+FI_FUSION_MAX = {
+    "9.0": {2: 64 * MiB, 4: 2 * MiB, 8: MiB // 2},
+    "10.0": {2: 64 * MiB, 4: 32 * MiB, 8: MiB},
 }
 
 SPEC_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
@@ -113,6 +137,29 @@ class VLLM(EngineAdapter):
                 out.append(Finding("error", f"specdeploy_spec_config_extra.{key}",
                                    f"'{key}' {why}; vLLM {self.version} rejects unknown keys at startup",
                                    f"remove it; keys valid on {self.version}: {', '.join(valid)}", host))
+        return out
+
+    def allreduce_paths(self, ctx: CommContext) -> list[AllReducePath]:
+        out = []
+        cc, ws = ctx.compute_capability, ctx.world_size
+        symm = ctx.multicast and ws in SYMM_MEM_MAX.get(cc, {})
+        sizes = next(s for span, s in CUSTOM_AR_WORLD_SIZES if span.contains(self.version))
+        if ctx.custom_all_reduce and ws in sizes and (ws == 2 or ctx.nvlink):
+            cap = min(CUSTOM_AR_MAX_WITH_SYMM_MEM.get(cc, {}).get(ws, CUSTOM_AR_MAX), CUSTOM_AR_MAX) if symm \
+                else CUSTOM_AR_MAX
+            out.append(AllReducePath("custom all-reduce", cap, False,
+                                     f"vLLM {self.version} CustomAllreduce: size < {cap} bytes"
+                                     + (" (capped while symmetric memory is active)" if symm else "")))
+        if symm:
+            cap = SYMM_MEM_MAX[cc][ws]
+            out.append(AllReducePath("torch symmetric-memory all-reduce", cap, False,
+                                     f"vLLM {self.version} SymmMemCommunicator (VLLM_ALLREDUCE_USE_SYMM_MEM=1, "
+                                     f"NVSwitch multicast): size < {cap} bytes"))
+        if FI_FUSION.contains(self.version) and ws > 1 and ws in FI_FUSION_MAX.get(cc, {}):
+            cap = FI_FUSION_MAX[cc][ws]
+            out.append(AllReducePath("FlashInfer all-reduce+RMSNorm fusion", cap, False,
+                                     f"vLLM {self.version} fuse_allreduce_rms (default at -O2 on "
+                                     f"SM{cc.replace('.', '')}, compiled model): size < {cap} bytes"))
         return out
 
     def command(self, hv, drafter_path=None) -> Command:

@@ -1,10 +1,23 @@
-"""``specdeploy nccl choose``: pick the environment that minimizes traffic-weighted decode latency without
-slowing prefill-size all-reduces, and the per-size table NCCL's example tuner plugin can load."""
+"""``specdeploy nccl choose``: pool the rounds of one or more sweeps and keep NCCL's default unless a candidate
+beats it on the traffic NCCL really carries, consistently across rounds, by more than the noise.
+
+Rule: a candidate replaces the default only when (1) it ran in at least ``min_rounds`` rounds, every run ok;
+(2) its traffic-weighted decode latency, relative to the default in the same round, is at least ``min_gain``
+lower (geometric mean over rounds) and the 95% paired-bootstrap interval over rounds excludes no gain;
+(3) that gain is larger than the A/A noise floor (the default against its own second run, where measured);
+(4) no prefill size that reaches NCCL is slower beyond noise (more than ``prefill_tolerance`` and its interval
+above 1). Otherwise the default stays and the reason is given. Weighted sizes are those the engine sends to NCCL
+(see ``traffic.py``); without an engine, every decode size counts."""
 from __future__ import annotations
 
+import math
+import random
+import statistics
 from dataclasses import dataclass, field
 
 from . import DECODE_TOKENS
+from .traffic import ALL_SIZES, Traffic
+from .tune import AA_NAME
 
 
 class ChooseError(ValueError):
@@ -32,63 +45,292 @@ def parse_batch_mix(text: str | None, available: list[int]) -> dict[int, float]:
     return {k: v / total for k, v in mix.items()}
 
 
+# --- results files ------------------------------------------------------------------------------------------
+
+@dataclass
+class Round:
+    source: str
+    index: int
+    runs: dict[str, dict]
+
+
+def load_rounds(items: list[tuple[str, dict]]) -> tuple[dict, list[Round]]:
+    """Pool the rounds of several results files (format 2: ``rounds``; format 1: one ``candidates`` list,
+    read as one round). Files must agree on GPU count, hidden size and base environment."""
+    meta: dict | None = None
+    envs: dict[str, dict] = {}
+    rounds: list[Round] = []
+    for source, data in items:
+        if not isinstance(data, dict) or not ("rounds" in data or "candidates" in data):
+            raise ChooseError(f"{source}: not an `nccl tune` results file (no 'rounds' or 'candidates')")
+        this = {"gpus": data.get("gpus"), "hidden": data.get("hidden", 7168), "base_env": data.get("base_env", {})}
+        if meta is None:
+            meta = dict(this, tokens=data.get("tokens"))
+        else:
+            for k in ("gpus", "hidden", "base_env"):
+                if this[k] != meta[k]:
+                    raise ChooseError(f"{source}: {k} is {this[k]!r}, but {items[0][0]} has {meta[k]!r}; "
+                                      "pool only sweeps of the same host path (GPUs, hidden size, --base-env)")
+        raw = data["rounds"] if "rounds" in data else [{"round": 1, "candidates": data["candidates"]}]
+        for i, r in enumerate(raw):
+            runs = {}
+            for c in r.get("candidates", []):
+                if "name" not in c or "status" not in c:
+                    raise ChooseError(f"{source}: round {i + 1} has a candidate without 'name'/'status'")
+                env = c.get("env", {})
+                if c["status"] == "ok" and c["name"] in envs and envs[c["name"]] != env:
+                    raise ChooseError(f"{source}: candidate '{c['name']}' has env {env}, elsewhere "
+                                      f"{envs[c['name']]}; rename one of them")
+                if c["status"] == "ok":
+                    envs.setdefault(c["name"], env)
+                runs[c["name"]] = c
+            rounds.append(Round(source, r.get("round", i + 1), runs))
+    if meta is None:
+        raise ChooseError("no results files given")
+    meta["envs"] = envs
+    return meta, rounds
+
+
+# --- statistics ---------------------------------------------------------------------------------------------
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def bootstrap_ci(ratios: list[float], n: int = 4000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of the geometric mean of paired per-round ratios, resampling rounds."""
+    if len(ratios) == 1:
+        return ratios[0], ratios[0]
+    rng = random.Random(seed)
+    logs = [math.log(x) for x in ratios]
+    k = len(logs)
+    means = sorted(math.exp(sum(rng.choice(logs) for _ in range(k)) / k) for _ in range(n))
+    a = (1 - level) / 2
+    return means[int(a * (n - 1))], means[math.ceil((1 - a) * (n - 1))]
+
+
+@dataclass
+class Paired:
+    """A candidate against the default over the rounds both ran in."""
+
+    rounds: int
+    ratio: float  # geometric mean of per-round ratios (candidate / default)
+    lo: float
+    hi: float
+    wins: int  # rounds where the candidate was faster
+
+    def fmt(self) -> str:
+        return f"{self.ratio:.3f}x [{self.lo:.3f}-{self.hi:.3f}]"
+
+    def to_dict(self) -> dict:
+        return {"rounds": self.rounds, "ratio": self.ratio, "ci95": [self.lo, self.hi], "wins": self.wins}
+
+
+def paired(ratios: list[float]) -> Paired | None:
+    if not ratios:
+        return None
+    lo, hi = bootstrap_ci(ratios)
+    return Paired(len(ratios), geomean(ratios), lo, hi, sum(r < 1 for r in ratios))
+
+
+# --- the choice ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Candidate:
+    name: str
+    env: dict[str, str]
+    weighted_us: float | None = None  # median over rounds of the weighted decode latency
+    decode: Paired | None = None
+    prefill: dict[int, Paired] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    verdict: str = ""
+
+    def to_dict(self) -> dict:
+        return {"env": self.env, "weighted_decode_us": self.weighted_us,
+                "decode_vs_default": self.decode.to_dict() if self.decode else None,
+                "prefill_vs_default": {str(t): p.to_dict() for t, p in self.prefill.items()},
+                "failures": self.failures, "verdict": self.verdict}
+
+
 @dataclass
 class Choice:
     mode: str
     chosen: str
     env: dict[str, str]
-    weighted_us: dict[str, float]
-    prefill_ratio: dict[str, float]
-    rejected: dict[str, str]
+    reason: str
+    candidates: dict[str, Candidate]
+    aa: Candidate | None
+    rounds: int
+    sources: list[str]
+    traffic: Traffic
+    weights: dict[int, float]  # decode sizes NCCL carries -> weight
+    not_nccl: list[int]  # decode sizes an engine path takes
+    unknown: list[int]  # sizes whose path is not known (counted as NCCL's)
     per_size: dict[int, str]
-    per_size_weighted_us: float
+    per_size_weighted_us: float | None
     tuner_rows: list[str] = field(default_factory=list)
     gpus: int = 0
+    criteria: dict = field(default_factory=dict)
+
+    @property
+    def rejected(self) -> dict[str, str]:
+        return {n: c.verdict for n, c in self.candidates.items() if n != self.chosen and c.verdict != "default"}
+
+    @property
+    def weighted_us(self) -> dict[str, float]:
+        return {n: c.weighted_us for n, c in self.candidates.items() if c.weighted_us is not None}
+
+    @property
+    def prefill_ratio(self) -> dict[str, float]:
+        return {n: max((p.ratio for p in c.prefill.values()), default=1.0) for n, c in self.candidates.items()}
+
+    @property
+    def aa_floor(self) -> float | None:
+        """Half-width of the A/A interval around no change (fraction), the smallest gain that can be told apart."""
+        if not self.aa or not self.aa.decode:
+            return None
+        return max(abs(1 - self.aa.decode.lo), abs(self.aa.decode.hi - 1))
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "chosen": self.chosen, "env": self.env, "weighted_decode_us": self.weighted_us,
-                "prefill_ratio_vs_default": self.prefill_ratio, "rejected": self.rejected,
+        w = self.weighted_us
+        return {"chosen": self.chosen, "env": self.env, "reason": self.reason, "mode": self.mode,
+                "rounds": self.rounds, "sources": self.sources, "gpus": self.gpus, "criteria": self.criteria,
+                "traffic": {**self.traffic.to_dict(), "weights": {str(k): v for k, v in self.weights.items()},
+                            "decode_sizes_not_on_nccl": self.not_nccl, "sizes_path_unknown": self.unknown},
+                "aa": self.aa.to_dict() if self.aa else None, "aa_noise_floor": self.aa_floor,
+                "candidates": {n: c.to_dict() for n, c in self.candidates.items()},
+                "rejected": self.rejected, "weighted_decode_us": w,
                 "per_size_best": {str(k): v for k, v in self.per_size.items()},
                 "per_size_weighted_us": self.per_size_weighted_us,
-                "per_size_gain_vs_chosen": (self.weighted_us[self.chosen] / self.per_size_weighted_us
-                                            if self.per_size_weighted_us else None),
+                "per_size_gain_vs_chosen": (w[self.chosen] / self.per_size_weighted_us
+                                            if self.per_size_weighted_us and self.chosen in w else None),
                 "tuner_csv": self.tuner_rows}
 
 
-def _lat(cand: dict, mode: str) -> dict[int, float]:
-    return {int(k): v["median_us"] for k, v in cand.get(mode, {}).items()}
+def _lat(rec: dict, mode: str) -> dict[int, float]:
+    return {int(k): v["median_us"] for k, v in rec.get(mode, {}).items()}
 
 
-def choose(results: dict, mode: str = "graph", batch_mix: str | None = None,
-           prefill_tolerance: float = 0.03, prefill_min_tokens: int = 2048) -> Choice:
-    ok = {c["name"]: c for c in results["candidates"] if c["status"] == "ok" and c.get(mode)}
-    if "default" not in ok:
-        raise ChooseError("the results have no successful 'default' run to compare against")
-    lat = {n: _lat(c, mode) for n, c in ok.items()}
-    sizes = sorted(lat["default"])
+def choose(results: dict | list, mode: str = "graph", batch_mix: str | None = None,
+           prefill_tolerance: float = 0.03, prefill_min_tokens: int = 2048, min_gain: float = 0.03,
+           min_rounds: int = 3, traffic: Traffic | None = None) -> Choice:
+    """``results``: one results dict, or a list of (source name, results dict)."""
+    items = [("results", results)] if isinstance(results, dict) else list(results)
+    meta, rounds = load_rounds(items)
+    traffic = traffic or ALL_SIZES
+    hidden = meta["hidden"]
+    ok_rounds = [r for r in rounds if r.runs.get("default", {}).get("status") == "ok" and r.runs["default"].get(mode)]
+    if not ok_rounds:
+        raise ChooseError(f"no round has a successful 'default' run in mode '{mode}' to compare against")
+    sizes = sorted(_lat(ok_rounds[0].runs["default"], mode))
     mix = parse_batch_mix(batch_mix, sizes)
-    prefill = [t for t in sizes if t >= prefill_min_tokens]
-    weighted, prefill_ratio, rejected = {}, {}, {}
-    for n, l in lat.items():
-        if any(t not in l for t in mix):
-            rejected[n] = "missing sizes"
+    reach = {t: traffic.reaches_nccl(t * hidden * 2) for t in sizes}
+    weights = {t: w for t, w in mix.items() if reach[t] is not False}
+    total = sum(weights.values())
+    weights = {t: w / total for t, w in weights.items()} if total > 0 else {}
+    not_nccl = sorted(t for t in mix if reach[t] is False)
+    unknown = sorted(t for t in sizes if reach[t] is None)
+    prefill = [t for t in sizes if t >= prefill_min_tokens and reach[t] is not False]
+
+    def weighted(lat: dict[int, float]) -> float | None:
+        if not weights or any(t not in lat for t in weights):
+            return None
+        return sum(w * lat[t] for t, w in weights.items())
+
+    names = []
+    for r in rounds:
+        names += [n for n in r.runs if n not in names]
+    cands: dict[str, Candidate] = {}
+    for n in names:
+        c = Candidate(n, meta["envs"].get(n, next(r.runs[n] for r in rounds if n in r.runs).get("env", {})))
+        dec, pre, ws = [], {t: [] for t in prefill}, []
+        for r in rounds:
+            rec = r.runs.get(n)
+            if rec is None:
+                continue
+            if rec["status"] != "ok" or not rec.get(mode):
+                c.failures.append(f"{r.source} round {r.index}: {rec['status']}"
+                                  + (f" ({rec['detail']})" if rec.get("detail") else ""))
+                continue
+            if r not in ok_rounds:
+                continue
+            lat, base = _lat(rec, mode), _lat(r.runs["default"], mode)
+            wc, wd = weighted(lat), weighted(base)
+            if wc is not None and wd is not None:
+                dec.append(wc / wd)
+                ws.append(wc)
+            for t in prefill:
+                if t in lat and t in base:
+                    pre[t].append(lat[t] / base[t])
+        c.weighted_us = statistics.median(ws) if ws else None
+        c.decode = paired(dec)
+        c.prefill = {t: p for t, xs in pre.items() if (p := paired(xs))}
+        cands[n] = c
+    aa = cands.pop(AA_NAME, None)
+    n_rounds = len(ok_rounds)
+    floor = None
+    if aa and aa.decode:
+        floor = max(abs(1 - aa.decode.lo), abs(aa.decode.hi - 1))
+    eligible = {}
+    for n, c in cands.items():
+        if n == "default":
+            c.verdict = "default"
             continue
-        weighted[n] = sum(w * l[t] for t, w in mix.items())
-        ratios = [l[t] / lat["default"][t] for t in prefill if t in l]
-        prefill_ratio[n] = max(ratios) if ratios else 1.0
-        if prefill_ratio[n] > 1 + prefill_tolerance:
-            rejected[n] = f"prefill {100 * (prefill_ratio[n] - 1):.0f}% slower than default"
-    for c in results["candidates"]:
-        if c["name"] not in ok:
-            rejected[c["name"]] = c["status"] + (f": {c.get('detail', '')}" if c.get("detail") else "")
-    feasible = {n: w for n, w in weighted.items() if n not in rejected}
-    chosen = min(feasible, key=feasible.get)
-    # Per-size: the fastest candidate at each size; only algo/proto pairs can go into the tuner table.
-    per_size = {t: min((n for n in lat if t in lat[n]), key=lambda n: lat[n][t]) for t in sizes}
-    per_size_w = sum(w * lat[per_size[t]][t] for t, w in mix.items())
-    rows = tuner_rows(ok, per_size, sizes, results.get("hidden", 7168), results.get("gpus", -1))
-    return Choice(mode, chosen, dict(ok[chosen]["env"]), weighted, prefill_ratio, rejected, per_size, per_size_w,
-                  rows, results.get("gpus", 0))
+        slow = sorted(((t, p) for t, p in c.prefill.items() if p.ratio > 1 + prefill_tolerance and p.lo > 1),
+                      key=lambda tp: -tp[1].ratio)
+        if c.failures:
+            c.verdict = f"failed in {len(c.failures)} run(s): {c.failures[0]}"
+        elif not weights:
+            c.verdict = "no weighted decode size reaches NCCL"
+        elif c.decode is None:
+            c.verdict = "missing weighted sizes"
+        elif c.decode.rounds < min_rounds:
+            c.verdict = f"only {c.decode.rounds} round(s); {min_rounds} needed to tell a gain from run-to-run noise"
+        elif slow:
+            c.verdict = f"prefill {slow[0][0]} tokens slower beyond noise: {slow[0][1].fmt()}"
+        elif c.decode.ratio > 1 - min_gain:
+            c.verdict = f"gain {100 * (1 - c.decode.ratio):.1f}% < {100 * min_gain:.0f}%"
+        elif c.decode.hi >= 1:
+            c.verdict = f"interval includes no gain (faster in {c.decode.wins}/{c.decode.rounds} rounds)"
+        elif floor is not None and 1 - c.decode.ratio <= floor:
+            c.verdict = f"gain {100 * (1 - c.decode.ratio):.1f}% within the A/A noise floor ±{100 * floor:.1f}%"
+        else:
+            c.verdict = "eligible"
+            eligible[n] = c.decode.ratio
+    if eligible:
+        chosen = min(eligible, key=eligible.get)
+        c = cands[chosen]
+        c.verdict = "chosen"
+        for n in eligible:
+            if n != chosen:
+                cands[n].verdict = f"eligible, but {chosen} is faster"
+        reason = (f"{chosen}: weighted decode {c.decode.fmt()} of the default over {c.decode.rounds} rounds "
+                  f"(faster in {c.decode.wins}), no prefill size slower beyond noise")
+    else:
+        chosen = "default"
+        if not weights:
+            reason = (f"NCCL carries none of the weighted decode sizes ({traffic.label}): "
+                      "an NCCL environment cannot change decode latency, so the default stays")
+        elif n_rounds < min_rounds:
+            reason = (f"only {n_rounds} round(s) with a default run; at least {min_rounds} interleaved rounds "
+                      "are needed to tell a gain from run-to-run noise, so the default stays")
+        else:
+            reason = "no candidate beats the default consistently beyond noise, so the default stays"
+    pooled = {}
+    for n in list(cands) + ([AA_NAME] if aa else []):
+        per = [_lat(r.runs[n], mode) for r in ok_rounds if r.runs.get(n, {}).get("status") == "ok"]
+        if per:
+            pooled[n] = {t: statistics.median(p[t] for p in per if t in p) for t in sizes if any(t in p for p in per)}
+    pooled.pop(AA_NAME, None)
+    ok_names = [n for n in pooled if not cands[n].failures]
+    per_size = {t: min((n for n in ok_names if t in pooled[n]), key=lambda n: pooled[n][t]) for t in sizes}
+    per_size_w = sum(w * pooled[per_size[t]][t] for t, w in weights.items()) if weights else None
+    rows = tuner_rows({n: {"env": cands[n].env} for n in ok_names}, per_size, sizes, hidden, meta["gpus"] or -1)
+    criteria = {"min_gain": min_gain, "min_rounds": min_rounds, "prefill_tolerance": prefill_tolerance,
+                "interval": "95% paired bootstrap over rounds (geometric mean of per-round ratios)"}
+    return Choice(mode, chosen, dict(cands[chosen].env), reason, cands, aa, n_rounds,
+                  sorted({r.source for r in rounds}), traffic, weights, not_nccl, unknown, per_size, per_size_w,
+                  rows, meta["gpus"] or 0, criteria)
 
 
 def tuner_rows(ok: dict, per_size: dict[int, str], sizes: list[int], hidden: int, gpus: int) -> list[str]:
@@ -108,15 +350,35 @@ def tuner_rows(ok: dict, per_size: dict[int, str], sizes: list[int], hidden: int
     return rows
 
 
-def explain(choice: Choice, results: dict) -> list[list[str]]:
-    """Rows for a short table: candidate, weighted decode latency, vs default, prefill, verdict."""
-    base = choice.weighted_us["default"]
-    out = []
-    for n in sorted(choice.weighted_us, key=choice.weighted_us.get):
-        verdict = "chosen" if n == choice.chosen else choice.rejected.get(n, "")
-        out.append([n, f"{choice.weighted_us[n]:.1f}", f"{choice.weighted_us[n] / base:.2f}x",
-                    f"{choice.prefill_ratio.get(n, 1):.2f}x", verdict])
-    for n, why in choice.rejected.items():
-        if n not in choice.weighted_us:
-            out.append([n, "-", "-", "-", why])
+def explain(choice: Choice) -> list[list[str]]:
+    """Rows: candidate, weighted decode us, vs default [95% interval], rounds faster, worst prefill, verdict."""
+    def row(n: str, c: Candidate) -> list[str]:
+        d = c.decode
+        worst = max(c.prefill.values(), key=lambda p: p.ratio, default=None)
+        return [n, f"{c.weighted_us:.1f}" if c.weighted_us is not None else "-",
+                d.fmt() if d else "-", f"{d.wins}/{d.rounds}" if d else "-",
+                worst.fmt() if worst else "-", c.verdict]
+    order = sorted(choice.candidates, key=lambda n: (choice.candidates[n].decode is None,
+                                                     choice.candidates[n].decode.ratio
+                                                     if choice.candidates[n].decode else 0))
+    out = [row(n, choice.candidates[n]) for n in order]
+    if choice.aa:
+        out.append(row("A/A: " + AA_NAME, choice.aa)[:-1] + ["noise floor (default vs itself)"])
     return out
+
+
+def evidence_lines(choice: Choice) -> list[str]:
+    """What a written choice rests on, one fact per line (for host_vars comments and reports)."""
+    c = choice.candidates[choice.chosen]
+    lines = [f"chosen: {choice.chosen} ({choice.mode} mode): {choice.reason}",
+             f"evidence: {', '.join(choice.sources)}; {choice.rounds} round(s), {choice.gpus} GPUs",
+             (f"weighted sizes: {', '.join(f'{t}:{w:.2f}' for t, w in choice.weights.items()) or 'none'} "
+              f"(tokens:weight; {choice.traffic.label})")]
+    if choice.not_nccl:
+        lines.append(f"not weighted (an engine path carries them): {choice.not_nccl} tokens")
+    if c.decode and choice.chosen != "default":
+        lines.append(f"weighted decode vs default: {c.decode.fmt()}, faster in {c.decode.wins}/{c.decode.rounds}")
+    floor = choice.aa_floor
+    lines.append(f"A/A noise floor: ±{100 * floor:.1f}% ({choice.aa.decode.fmt()})" if floor is not None
+                 else "A/A noise floor: not measured in these files")
+    return lines

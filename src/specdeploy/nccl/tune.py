@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,7 +25,20 @@ def _free_port() -> int:
 
 
 def run_candidate(name: str, env_add: dict[str, str], gpus: int, hidden: int, tokens, modes,
-                  iters: int, graph_ops: int, timeout: float) -> dict:
+                  iters: int, graph_ops: int, timeout: float, port_retries: int = 2) -> dict:
+    """One measurement in fresh processes. A rendezvous port taken between choosing and binding it (seen on
+    the GPU machine: EADDRINUSE) is the harness's fault, not the candidate's: that run is repeated."""
+    for attempt in range(port_retries + 1):
+        rec = _run_once(name, env_add, gpus, hidden, tokens, modes, iters, graph_ops, timeout)
+        if rec["status"] != "crash" or "EADDRINUSE" not in rec.get("log_tail", ""):
+            break
+    if attempt:
+        rec["port_retries"] = attempt
+    return rec
+
+
+def _run_once(name: str, env_add: dict[str, str], gpus: int, hidden: int, tokens, modes,
+              iters: int, graph_ops: int, timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as td:
         out = os.path.join(td, "result.json")
         cfg = {"hidden": hidden, "tokens": list(tokens), "modes": list(modes), "iters": iters,
@@ -68,8 +82,9 @@ def run_candidate(name: str, env_add: dict[str, str], gpus: int, hidden: int, to
             p.wait()
         tail = ""
         if status != "ok":
-            logs[0].seek(0)
-            tail = logs[0].read()[-2000:]
+            for log in logs:
+                log.seek(0)
+            tail = "\n".join(log.read()[-2000:] for log in logs)[-4000:]
         for log in logs:
             log.close()
         rec = {"name": name, "env": env_add, "status": status, "seconds": round(time.monotonic() - t0, 1)}
@@ -85,23 +100,41 @@ def run_candidate(name: str, env_add: dict[str, str], gpus: int, hidden: int, to
         return rec
 
 
+AA_NAME = "default-aa"  # a second, independent run of the default in every round: the A/A control
+
+
 def tune(candidates: dict[str, dict[str, str]], gpus: int, hidden: int, out: Path,
          tokens=DECODE_TOKENS + PREFILL_TOKENS, modes=("eager", "graph"), iters: int = 50,
          graph_ops: int = 10, timeout: float = 180.0, base_env: dict[str, str] | None = None,
-         label: str = "", progress=None) -> dict:
-    """Measure each candidate; ``base_env`` is added to every candidate (e.g. NCCL_P2P_DISABLE=1)."""
+         label: str = "", progress=None, rounds: int = 1, seed: int | None = None, aa: bool = True) -> dict:
+    """Measure every candidate in each of ``rounds`` rounds, in an order shuffled per round; the default (and,
+    with ``aa``, a second default run as the A/A control) runs in every round. ``base_env`` is added to every
+    candidate (e.g. NCCL_P2P_DISABLE=1). The file is rewritten after each round, so finished rounds survive."""
     base_env = base_env or {}
-    runs = []
-    for name, env in candidates.items():
-        merged = {**base_env, **env}
-        if progress:
-            progress(name, "start")
-        rec = run_candidate(name, merged, gpus, hidden, tokens, modes, iters, graph_ops, timeout)
-        runs.append(rec)
-        if progress:
-            progress(name, rec["status"])
-    result = {"gpus": gpus, "hidden": hidden, "dtype": "bfloat16", "tokens": list(tokens), "modes": list(modes),
-              "base_env": base_env, "label": label, "host": socket.gethostname(), "candidates": runs}
+    cands = {"default": {}, **candidates}
+    if aa:
+        cands[AA_NAME] = dict(cands["default"])
+    seed = seed if seed is not None else random.SystemRandom().randrange(2 ** 31)
+    rng = random.Random(seed)
+    result = {"format": 2, "gpus": gpus, "hidden": hidden, "dtype": "bfloat16", "tokens": list(tokens),
+              "modes": list(modes), "base_env": base_env, "label": label, "host": socket.gethostname(),
+              "seed": seed, "rounds": []}
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    for r in range(rounds):
+        order = list(cands)
+        rng.shuffle(order)
+        runs = []
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        for name in order:
+            merged = {**base_env, **cands[name]}
+            if progress:
+                progress(name, "start", r)
+            rec = run_candidate(name, merged, gpus, hidden, tokens, modes, iters, graph_ops, timeout)
+            runs.append(rec)
+            if progress:
+                progress(name, rec["status"], r)
+        result["rounds"].append({"round": r + 1, "started": started, "order": order, "candidates": runs})
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(out)
     return result
