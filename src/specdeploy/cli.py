@@ -33,6 +33,9 @@ app.add_typer(sandbox_app, name="sandbox")
 from .ops_cli import register  # noqa: E402
 
 register(app)
+from .frontdoor_cli import register as register_frontdoor  # noqa: E402
+
+register_frontdoor(app)
 
 out = Console()
 err = Console(stderr=True)

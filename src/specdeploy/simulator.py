@@ -390,6 +390,36 @@ def make_handler(sim: Sim):
     return H
 
 
+def load_progress(engine: str, load_s: float, shards: int = 64, graphs: int = 20):
+    """The load-progress lines the engines print (tqdm over weight shards, the KV cache allocation, CUDA graph
+    capture), spread over the simulated load time: 70% weights, 30% graphs."""
+    t_shard, t_graph = 0.7 * load_s / shards, 0.3 * load_s / graphs
+    for i in range(shards + 1):
+        print(f"Loading safetensors checkpoint shards: {100 * i // shards:3d}% Completed | {i}/{shards} "
+              f"[00:{int(i * t_shard):02d}<00:00, {1 / max(t_shard, 1e-3):.2f}it/s]", flush=True)
+        if i < shards:
+            time.sleep(t_shard)
+    if engine == "vllm":
+        print("INFO [gpu_worker.py:298] GPU KV cache size: 1,187,264 tokens", flush=True)
+        print("INFO [kv_cache_utils.py:1091] Maximum concurrency for 262,144 tokens per request: 4.53x", flush=True)
+    else:
+        print("[2026-01-01 00:00:00 TP0] KV Cache is allocated. #tokens: 1187264, KV size: 38.72 GB", flush=True)
+        print("[2026-01-01 00:00:00 TP0] Capture cuda graph begin. This can take up to several minutes.", flush=True)
+    for i in range(graphs + 1):
+        if engine == "vllm":
+            print(f"Capturing CUDA graphs (decode, FULL): {100 * i // graphs:3d}%| | {i}/{graphs} "
+                  f"[00:{int(i * t_graph):02d}<00:00]", flush=True)
+        else:
+            print(f"Capturing batches (bs={max(1, 512 >> i)} avail_mem=21.3 GB): {100 * i // graphs:3d}%| | "
+                  f"{i}/{graphs} [00:{int(i * t_graph):02d}<00:00]", flush=True)
+        if i < graphs:
+            time.sleep(t_graph)
+    if engine == "vllm":
+        print(f"INFO [gpu_model_runner.py:3480] Graph capturing finished in {int(0.3 * load_s)} secs", flush=True)
+    else:
+        print(f"[2026-01-01 00:00:00 TP0] Capture cuda graph end. Time elapsed: {0.3 * load_s:.2f} s.", flush=True)
+
+
 def run(engine: str, version: str, argv: list[str]) -> int:
     try:
         opts = parse_argv(engine, version, argv)
@@ -405,10 +435,7 @@ def run(engine: str, version: str, argv: list[str]) -> int:
     if engine == "sglang":  # SGLang listens during the load and answers 503
         server = ThreadingHTTPServer((host, port), make_handler(sim))
         threading.Thread(target=server.serve_forever, daemon=True).start()
-    for i in range(int(sim.load_s)):
-        print(f"Loading safetensors checkpoint shards: {int(100 * (i + 1) / max(sim.load_s, 1))}% ", flush=True)
-        time.sleep(1)
-    time.sleep(sim.load_s - int(sim.load_s))
+    load_progress(engine, sim.load_s)
     if os.environ.get("SPECDEPLOY_SIM_CRASH") == "load":
         sys.stderr.write((sglang_crash_log if engine == "sglang" else crash_log)(version, sim.served, sim.k, tp))
         sys.stderr.flush()

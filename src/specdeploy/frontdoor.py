@@ -1,0 +1,411 @@
+"""The operator's front door: deploy/rollback/verify through ansible-runner with one live row per host, the
+engine's load progress read from its log, and the fleet's status from the exporters and Prometheus.
+
+Everything here is independent of the terminal: ``frontdoor_cli.py`` draws it.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import metrics as M
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOKS = {"deploy": "site.yml", "rollback": "rollback.yml", "verify": "verify.yml"}
+PHASES = ("provision", "image", "stage", "start", "load", "ready", "gate")
+
+
+# ---- engine load progress, from the engine's own log lines ----------------------------------------------
+_SHARDS = re.compile(r"Loading safetensors checkpoint shards:\s+(\d+)% Completed \| (\d+)/(\d+)")
+_KV_VLLM = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+_KV_SGLANG = re.compile(r"KV Cache is allocated\. #tokens: (\d+)")
+_GRAPHS = re.compile(r"(?:Capturing CUDA graphs?[^:]*|Capturing batches \([^)]*\)):\s+(\d+)%\|[^|]*\| (\d+)/(\d+)")
+_GRAPHS_DONE = re.compile(r"Graph capturing finished in|Capture cuda graph end")
+_READY = re.compile(r"Application startup complete|The server is fired up and ready to roll")
+
+
+@dataclass
+class LoadProgress:
+    stage: str = "starting"          # starting, weights, kv-cache, cuda-graphs, ready
+    shards: tuple[int, int] | None = None
+    kv_tokens: int | None = None
+    graphs: tuple[int, int] | None = None
+    eta_s: float | None = None
+
+    def text(self) -> str:
+        parts = []
+        if self.shards:
+            parts.append(f"shards {self.shards[0]}/{self.shards[1]}")
+        if self.kv_tokens is not None:
+            parts.append(f"KV cache {self.kv_tokens:,} tok")
+        if self.graphs:
+            parts.append(f"CUDA graphs {self.graphs[0]}/{self.graphs[1]}")
+        if self.stage == "ready":
+            parts.append("ready")
+        if self.eta_s is not None and self.stage != "ready":
+            parts.append(f"ETA {fmt_s(self.eta_s)}")
+        return ", ".join(parts) or self.stage
+
+
+def fmt_s(s: float) -> str:
+    s = max(0, int(s))
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def parse_load(lines: list[tuple[float | None, str]], now: float | None = None) -> LoadProgress:
+    """Progress of one engine start from its log lines [(unix time or None, text)], oldest first. The ETA
+    extrapolates the current tqdm bar (weight shards, then CUDA graphs) from the log's own timestamps."""
+    p = LoadProgress()
+    bar_start: dict[str, tuple[float, int]] = {}
+    last: dict[str, tuple[float, int, int]] = {}
+    for t, line in lines:
+        if m := _SHARDS.search(line):
+            n, tot = int(m.group(2)), int(m.group(3))
+            p.shards, p.stage = (n, tot), "weights"
+            if t is not None:
+                bar_start.setdefault("w", (t, n))
+                last["w"] = (t, n, tot)
+        elif m := (_KV_VLLM.search(line) or _KV_SGLANG.search(line)):
+            p.kv_tokens, p.stage = int(m.group(1).replace(",", "")), "kv-cache"
+        elif m := _GRAPHS.search(line):
+            n, tot = int(m.group(2)), int(m.group(3))
+            p.graphs, p.stage = (n, tot), "cuda-graphs"
+            if t is not None:
+                bar_start.setdefault("g", (t, n))
+                last["g"] = (t, n, tot)
+        elif _GRAPHS_DONE.search(line):
+            p.stage = "cuda-graphs"
+            if p.graphs:
+                p.graphs = (p.graphs[1], p.graphs[1])
+        if _READY.search(line):
+            p.stage = "ready"
+    bar = {"weights": "w", "cuda-graphs": "g"}.get(p.stage)
+    if bar and bar in last and bar in bar_start:
+        t0, n0 = bar_start[bar]
+        t1, n1, tot = last[bar]
+        if n1 > n0 and t1 > t0:
+            rate = (n1 - n0) / (t1 - t0)
+            p.eta_s = max(0.0, (tot - n1) / rate - ((now or t1) - t1))
+    return p
+
+
+def journal_lines(text: str, unit: str) -> list[tuple[float | None, str]]:
+    """``journalctl -o short-unix`` output, from the unit's last start on."""
+    out: list[tuple[float | None, str]] = []
+    for raw in text.splitlines():
+        ts, _, rest = raw.partition(" ")
+        try:
+            t = float(ts)
+        except ValueError:
+            t, rest = None, raw
+        msg = rest.split(": ", 1)[1] if ": " in rest else rest
+        if re.search(rf"(Starting|Started) {re.escape(unit.removesuffix('.service'))}", rest):
+            out = []
+        out.append((t, msg))
+    return out
+
+
+# ---- hosts ------------------------------------------------------------------------------------------------
+@dataclass
+class Target:
+    host: str
+    address: str
+    engine: str
+    engine_port: int
+    exporter_port: int
+    unit: str
+    ssh: list[str]
+
+
+def targets(inventory: str, limit: str | None = None, extra: dict | None = None) -> tuple[list[Target], list[str]]:
+    """Engine hosts with their ports and an ssh command line (from the same Ansible variables a play uses),
+    and the monitoring hosts' addresses."""
+    from .inventory import load
+    from .render import unit_name
+    inv = load(inventory, limit=limit, extra=extra)
+    out = []
+    for h in inv.engine_hosts:
+        v = h.vars
+        ssh = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3"]
+        if v.get("ansible_ssh_private_key_file"):
+            ssh += ["-i", str(v["ansible_ssh_private_key_file"])]
+        if v.get("ansible_port"):
+            ssh += ["-p", str(v["ansible_port"])]
+        ssh += shlex.split(str(v.get("ansible_ssh_common_args") or ""))
+        ssh.append(f"{v['ansible_user']}@{h.address}" if v.get("ansible_user") else h.address)
+        out.append(Target(h.name, h.address, h.hv.specdeploy_engine, h.hv.specdeploy_port,
+                          h.hv.specdeploy_exporter_port, unit_name(h.hv.specdeploy_engine), ssh))
+    mon = [str(inv.all_vars.get(m, {}).get("ansible_host", m)) for m in inv.monitoring_hosts]
+    return out, mon
+
+
+def read_journal(t: Target, timeout: float = 8) -> list[tuple[float | None, str]] | None:
+    try:
+        r = subprocess.run(t.ssh + [f"journalctl -u {t.unit} -o short-unix --no-pager -n 3000"],
+                           capture_output=True, text=True, timeout=timeout)
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+    return journal_lines(r.stdout, t.unit) if r.returncode == 0 else None
+
+
+# ---- deploy / rollback / verify through ansible-runner ---------------------------------------------------
+def phase_of(role: str, task: str, play: str) -> str | None:
+    role, task, play = role or "", task or "", play or ""
+    if role == "gpu_host" or play.startswith("Provision"):
+        return "provision"
+    if role in ("engine_image", "nccl_tune") or play.startswith("Build"):
+        return "image"
+    if role in ("model_store", "drafter"):
+        return "stage"
+    if role == "speculation_gate":
+        return "gate"
+    if role == "inference_engine":
+        if re.search(r"readiness|health endpoint", task, re.I):
+            return "load"
+        if re.search(r"chat completion|Check the generation|Record the|current release", task, re.I) \
+                and "Read" not in task:
+            return "ready"
+        if re.search(r"Roll back|rollback|Swap", task, re.I):
+            return "rollback"
+        return "start"
+    if role == "spec_exporter":
+        return "ready"
+    if play.startswith("Roll back") or "Roll back" in task:
+        return "rollback"
+    if play.startswith("Verify"):
+        return "ready"
+    return None
+
+
+@dataclass
+class HostRow:
+    host: str
+    phase: str = "waiting"
+    task: str = ""
+    progress: str = ""
+    started: float = field(default_factory=time.time)
+    phase_since: float = field(default_factory=time.time)
+    result: str = ""
+    failed_task: str = ""
+    message: str = ""
+    triage: dict | None = None
+    changed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Run:
+    """One ansible-runner run of a playbook, folded into per-host rows; every event goes to a JSON lines log."""
+
+    def __init__(self, hosts: list[Target], events_path: Path, on_change: Callable[["Run", str], None] | None = None):
+        self.rows = {t.host: HostRow(t.host) for t in hosts}
+        self.targets = {t.host: t for t in hosts}
+        self.events_path = events_path
+        events_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = events_path.open("a")
+        self.lock = threading.Lock()
+        self.on_change = on_change
+        self.done = threading.Event()
+        self.stats: dict[str, dict[str, int]] = {}
+        self.rc: int | None = None
+
+    def log(self, **rec):
+        rec.setdefault("t", time.time())
+        with self.lock:
+            self._log.write(json.dumps(rec, default=str) + "\n")
+            self._log.flush()
+
+    def event(self, ev: dict) -> bool:
+        """ansible-runner's event_handler."""
+        kind = ev.get("event", "")
+        d = ev.get("event_data") or {}
+        host = d.get("host") or d.get("remote_addr")
+        if kind == "playbook_on_stats":
+            for key in ("ok", "changed", "failures", "dark", "skipped", "rescued"):
+                for h, n in (d.get(key) or {}).items():
+                    self.stats.setdefault(h, {})[key] = n
+            self.log(event=kind, stats=self.stats)
+            return True
+        if host not in self.rows:
+            return True
+        row = self.rows[host]
+        task = d.get("task") or ""
+        if kind == "runner_on_start":
+            ph = phase_of(d.get("role", ""), task, d.get("play", ""))
+            with self.lock:
+                row.task = task
+                if ph and ph != row.phase and not (row.phase == "gate" and ph in ("start", "load", "ready")):
+                    row.phase, row.phase_since, row.progress = ph, time.time(), ""
+                    changed = True
+                else:
+                    changed = False
+            self.log(event=kind, host=host, task=task, role=d.get("role"), phase=row.phase)
+            if changed and self.on_change:
+                self.on_change(self, host)
+        elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
+            res = d.get("res") or {}
+            facts = res.get("ansible_facts") or {}
+            if isinstance(facts.get("inference_engine_triage"), dict):
+                row.triage = facts["inference_engine_triage"]
+            if res.get("changed"):
+                row.changed += 1
+            if kind != "runner_on_ok" and not d.get("ignore_errors"):
+                # the final result comes from the play recap: a block's rescue may still recover
+                row.failed_task = task
+                row.message = str(res.get("msg") or res.get("stderr") or "")[:2000]
+                if kind == "runner_on_unreachable":
+                    row.result = "unreachable"
+                if self.on_change:
+                    self.on_change(self, host)
+            self.log(event=kind, host=host, task=task, phase=row.phase, changed=bool(res.get("changed")),
+                     **({"msg": row.message} if kind != "runner_on_ok" else {}),
+                     **({"triage": row.triage} if "inference_engine_triage" in facts else {}))
+        return True
+
+    def poll_load(self, interval: float = 2.0):
+        """While a host is in its load phase, read the engine's log and turn it into progress and an ETA."""
+        while not self.done.wait(interval):
+            for host, row in list(self.rows.items()):
+                if row.phase != "load" or row.result:
+                    continue
+                lines = read_journal(self.targets[host])
+                if lines is None:
+                    continue
+                p = parse_load(lines, time.time())
+                text = p.text()
+                if text != row.progress:
+                    row.progress = text
+                    self.log(event="load_progress", host=host, phase="load", progress=asdict(p))
+                    if self.on_change:
+                        self.on_change(self, host)
+
+    def finish(self, rc: int):
+        self.rc = rc
+        self.done.set()
+        for host, row in self.rows.items():
+            st = self.stats.get(host, {})
+            if row.result != "unreachable":
+                if st.get("dark"):
+                    row.result = "unreachable"
+                elif st.get("failures"):
+                    row.result = "failed"
+                elif host in self.stats:
+                    row.result = "ok"
+                else:
+                    row.result = "not run"
+        self.log(event="finished", rc=rc, rows={h: r.to_dict() for h, r in self.rows.items()})
+        self._log.close()
+
+    @property
+    def exit_code(self) -> int:
+        bad = any(r.result in ("failed", "unreachable") for r in self.rows.values())
+        return 1 if bad or self.rc not in (0, None) else 0
+
+
+def run_playbook(run: Run, playbook: str, inventory: str, limit: str | None, extra: dict,
+                 private_dir: Path) -> int:
+    import ansible_runner
+    private_dir.mkdir(parents=True, exist_ok=True)
+    poller = threading.Thread(target=run.poll_load, daemon=True)
+    poller.start()
+    thread, runner = ansible_runner.run_async(
+        private_data_dir=str(private_dir), playbook=str(REPO / "ansible" / playbook),
+        inventory=str(Path(inventory).resolve()), limit=limit, extravars=extra or None, quiet=True,
+        event_handler=run.event, envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
+        project_dir=str(REPO), settings={"suppress_ansible_output": True})
+    thread.join()
+    rc = runner.rc if runner.rc is not None else 2
+    run.finish(rc)
+    return rc
+
+
+# ---- status -----------------------------------------------------------------------------------------------
+# hosts and Prometheus are reached directly, never through an HTTP proxy from the environment
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _get(url: str, timeout: float) -> str:
+    with _DIRECT.open(url, timeout=timeout) as r:
+        return r.read(8 << 20).decode("utf-8", "replace")
+
+
+def scrape_exporter(t: Target, timeout: float = 2.0) -> dict[str, Any]:
+    from prometheus_client.parser import text_string_to_metric_families
+    row: dict[str, Any] = {"host": t.host, "address": t.address, "reachable": False}
+    try:
+        text = _get(f"http://{t.address}:{t.exporter_port}/metrics", timeout)
+    except Exception as exc:  # noqa: BLE001 - any failure: the host is not answering
+        row["error"] = f"exporter {t.address}:{t.exporter_port}: {getattr(exc, 'reason', exc)}"
+        return row
+    row["reachable"] = True
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "specdeploy_engine_up":
+                row["up"] = bool(s.value)
+            elif s.name == "specdeploy_engine_info":
+                row.update(engine=s.labels.get("engine"), version=s.labels.get("version"),
+                           release=s.labels.get("release") or None,
+                           speculation="on" if s.labels.get("spec_tokens") not in ("0", "", None) else "off",
+                           spec_tokens=s.labels.get("spec_tokens"))
+            elif s.name == "specdeploy_spec_acceptance_length":
+                row["acceptance_length"] = s.value
+            elif s.name == "specdeploy_spec_acceptance_rate":
+                row["acceptance_rate"] = s.value
+            elif s.name == "specdeploy_gate_verdict" and s.value == 1:
+                row["gate"] = s.labels.get("verdict")
+    return row
+
+
+PROM_QUERIES = {"tokens_per_s": M.q_tokens_per_s("1m"), "ttft_p50": M.q_ttft(0.5, "5m"),
+                "ttft_p99": M.q_ttft(0.99, "5m"), "restarts": M.Q_RESTARTS}
+
+
+def prom_query(base: str, q: str, timeout: float = 3.0) -> dict[str, float]:
+    """Instant query -> {host: value} (NaN results dropped)."""
+    url = f"{base.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+    data = json.loads(_get(url, timeout))
+    out = {}
+    for r in data.get("data", {}).get("result", []):
+        v = float(r["value"][1])
+        if v == v:
+            out[r["metric"].get("host", "")] = v
+    return out
+
+
+def fleet_status(hosts: list[Target], prometheus: list[str], timeout: float = 2.0) -> dict:
+    """One row per host from its exporter, with serving figures from Prometheus; bounded by ``timeout``."""
+    with ThreadPoolExecutor(max_workers=max(4, len(hosts) + len(PROM_QUERIES))) as ex:
+        rows_f = [ex.submit(scrape_exporter, t, timeout) for t in hosts]
+        prom_f = {}
+        for base in prometheus:
+            prom_f[base] = {k: ex.submit(prom_query, base, q, timeout) for k, q in PROM_QUERIES.items()}
+        rows = [f.result() for f in rows_f]
+        prom_used, prom_errors = None, []
+        figures: dict[str, dict[str, float]] = {}
+        for base, fs in prom_f.items():
+            try:
+                figures = {k: f.result() for k, f in fs.items()}
+                prom_used = base
+                break
+            except Exception as exc:  # noqa: BLE001
+                prom_errors.append(f"{base}: {getattr(exc, 'reason', exc)}")
+    for row in rows:
+        for k, by_host in figures.items():
+            if row["host"] in by_host:
+                row[k] = by_host[row["host"]]
+    return {"time": time.time(), "prometheus": prom_used, "prometheus_errors": prom_errors, "hosts": rows}
+
+
+def prometheus_urls(monitoring: list[str], explicit: str | None) -> list[str]:
+    return [explicit] if explicit else [f"http://{m}:9090" for m in monitoring]

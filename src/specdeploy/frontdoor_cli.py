@@ -1,0 +1,244 @@
+"""``specdeploy deploy|rollback|verify``, ``status`` and ``report``."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+
+from .errors import SpecdeployError
+
+PHASE_STYLE = {"provision": "cyan", "image": "cyan", "stage": "cyan", "start": "yellow", "load": "yellow",
+               "ready": "green", "gate": "magenta", "rollback": "red"}
+
+
+def _console() -> Console:
+    c = Console()
+    return c if c.is_terminal else Console(width=160)
+
+
+def _bad(exc: SpecdeployError):
+    for p in exc.problems:
+        print(p.line(), file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def _rows_table(run, title: str) -> Table:
+    from .frontdoor import fmt_s
+    t = Table(title=title, expand=False)
+    for c in ("host", "phase", "progress", "elapsed", "result"):
+        t.add_column(c)
+    now = time.time()
+    for r in run.rows.values():
+        res = r.result or (f"[red]error in: {r.failed_task}[/]" if r.failed_task else "")
+        if r.result == "ok":
+            res = f"[green]ok[/] ({r.changed} changed)"
+        elif r.result in ("failed", "unreachable"):
+            res = f"[bold red]{r.result.upper()}[/]" + (f" at {r.failed_task}" if r.failed_task else "")
+        t.add_row(r.host, f"[{PHASE_STYLE.get(r.phase, 'white')}]{r.phase}[/]",
+                  r.progress or (r.task[:48] if r.task else ""), fmt_s(now - r.started), res)
+    return t
+
+
+def _triage_panel(row) -> Panel:
+    tr = row.triage or {}
+    if tr:
+        body = "\n".join(f"[bold]{k:10s}[/] {tr.get(k) or '-'}" for k in
+                         ("root_cause", "location", "worker", "signature", "fix"))
+    else:
+        body = f"[bold]task[/]    {row.failed_task}\n[bold]message[/] {row.message or '-'}"
+    return Panel(body, title=f"triage: {row.host}", border_style="red")
+
+
+def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Optional[List[str]],
+              events: Optional[Path], skip_preflight: bool):
+    from .frontdoor import PLAYBOOKS, Run, run_playbook, targets
+    from .inventory import parse_extra_vars
+    out = _console()
+    try:
+        extra = parse_extra_vars(extra_vars)
+        hosts, _ = targets(inventory, limit, extra)
+    except SpecdeployError as exc:
+        _bad(exc)
+    if not hosts:
+        print(f"ERROR --limit: no engine host of {inventory} matches '{limit}'", file=sys.stderr)
+        raise typer.Exit(2)
+    if action == "deploy" and not skip_preflight:
+        from .preflight import preflight
+        try:
+            reports = preflight(inventory, limit, extra)
+        except SpecdeployError as exc:
+            _bad(exc)
+        for host, r in reports.items():
+            out.print(f"preflight {host}: {'[green]OK[/]' if r.ok else f'[red]{len(r.errors)} error(s)[/]'}")
+            for f in r.findings:
+                f.host = None
+                out.print("  " + f.line(), markup=False, highlight=False)
+        if not all(r.ok for r in reports.values()):
+            out.print("[red]preflight failed: nothing was changed on any host[/]")
+            raise typer.Exit(1)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    base = Path(".cache/runs") / f"{stamp}-{action}"
+    events = events or base / "events.jsonl"
+    live_tty = out.is_terminal
+    shown: set[str] = set()
+
+    def changed(run, host):
+        row = run.rows[host]
+        if not live_tty:  # a log, not a screen: one line per change
+            msg = f"{host}: {row.phase}" + (f" - {row.progress}" if row.progress else "")
+            if row.failed_task:
+                msg += f" - error in: {row.failed_task}"
+            out.print(msg, markup=False, highlight=False)
+        if row.triage and host not in shown:
+            shown.add(host)
+            if not live_tty:
+                out.print(_triage_panel(row))
+
+    run = Run(hosts, events, changed)
+    run.log(event="started", action=action, playbook=PLAYBOOKS[action], inventory=str(inventory), limit=limit,
+            extra=extra)
+    title = f"specdeploy {action} - {inventory}"
+
+    def view():
+        return Group(_rows_table(run, title), *[_triage_panel(r) for r in run.rows.values() if r.triage])
+    if live_tty:
+        with Live(view(), console=out, refresh_per_second=2, get_renderable=view):
+            rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, extra, base / "runner")
+    else:
+        rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, extra, base / "runner")
+        out.print(view())
+    for r in run.rows.values():
+        if r.result in ("failed", "unreachable") and not r.triage and r.host not in shown:
+            out.print(_triage_panel(r))
+    ok = sum(r.result == "ok" for r in run.rows.values())
+    out.print(f"{action}: {ok}/{len(run.rows)} hosts ok (ansible rc {rc}); events in {events}")
+    raise typer.Exit(run.exit_code)
+
+
+def _status_table(st: dict) -> Table:
+    from .frontdoor import fmt_s  # noqa: F401
+    t = Table(title=f"fleet status ({time.strftime('%H:%M:%S', time.localtime(st['time']))}, prometheus: "
+                    f"{st['prometheus'] or 'unreachable'})")
+    for c in ("host", "up", "engine", "release", "spec", "gate", "AL", "accept", "tok/s", "TTFT p50/p99",
+              "restarts"):
+        t.add_column(c)
+
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+    for r in st["hosts"]:
+        if not r["reachable"]:
+            t.add_row(r["host"], "[bold red]unreachable[/]", r.get("error", ""), "", "", "", "", "", "", "", "")
+            continue
+        up = "[green]up[/]" if r.get("up") else "[red]engine down[/]"
+        ttft = "-" if r.get("ttft_p50") is None else f"{r['ttft_p50'] * 1000:.0f}/{r.get('ttft_p99', 0) * 1000:.0f} ms"
+        t.add_row(r["host"], up, f"{r.get('engine') or '?'} {r.get('version') or ''}", r.get("release") or "-",
+                  r.get("speculation", "?") + (f" k={r['spec_tokens']}" if r.get("speculation") == "on" else ""),
+                  r.get("gate") or "-", f(r.get("acceptance_length"), ".2f"), f(r.get("acceptance_rate"), ".0%"),
+                  f(r.get("tokens_per_s"), ".1f"), ttft, f(r.get("restarts"), ".0f"))
+    return t
+
+
+def register(app: typer.Typer):
+    inv_opt = typer.Option(..., "-i", "--inventory", help="Ansible inventory directory or file.")
+    for action, doc in (("deploy", "Provision, build, deploy (+gate) and verify through Ansible, one live row per host."),
+                        ("rollback", "Roll every host back to its previous release."),
+                        ("verify", "Check every engine answers a real generation.")):
+        def cmd(inventory: str = inv_opt, limit: Optional[str] = typer.Option(None, "--limit"),
+                extra_vars: Optional[List[str]] = typer.Option(None, "-e", "--extra-vars"),
+                events: Optional[Path] = typer.Option(None, "--events", help="JSON lines event log (default "
+                                                      ".cache/runs/<time>-<action>/events.jsonl)"),
+                skip_preflight: bool = typer.Option(False, "--skip-preflight"), _action: str = typer.Option(
+                    action, hidden=True)):
+            _playbook(_action, inventory, limit, extra_vars, events, skip_preflight)
+        cmd.__doc__ = doc + " Exit 0 all hosts ok, 1 any host failed, 2 bad input."
+        app.command(action)(cmd)
+
+    @app.command("status")
+    def status_cmd(inventory: str = inv_opt, limit: Optional[str] = typer.Option(None, "--limit"),
+                   prometheus: Optional[str] = typer.Option(None, "--prometheus", help="default: the monitoring "
+                                                            "host's :9090"),
+                   as_json: bool = typer.Option(False, "--json"), watch: bool = typer.Option(False, "--watch"),
+                   interval: float = typer.Option(5.0, "--interval"),
+                   timeout: float = typer.Option(2.0, "--timeout", help="per host and query, seconds")):
+        """The fleet: up, engine, release, speculation, gate verdict, acceptance, tokens/s, TTFT, restarts."""
+        from .frontdoor import fleet_status, prometheus_urls, targets
+        try:
+            hosts, mon = targets(inventory, limit)
+        except SpecdeployError as exc:
+            _bad(exc)
+        proms = prometheus_urls(mon, prometheus)
+        out = _console()
+        if watch and not as_json:
+            with Live(_status_table(fleet_status(hosts, proms, timeout)), console=out) as live:
+                try:
+                    while True:
+                        time.sleep(interval)
+                        live.update(_status_table(fleet_status(hosts, proms, timeout)))
+                except KeyboardInterrupt:
+                    pass
+            return
+        while True:
+            st = fleet_status(hosts, proms, timeout)
+            if as_json:
+                print(json.dumps(st), flush=True)
+            else:
+                out.print(_status_table(st))
+            if not watch:
+                break
+            time.sleep(interval)
+        raise typer.Exit(0 if all(r["reachable"] and r.get("up") for r in st["hosts"]) else 1)
+
+    @app.command("report")
+    def report_cmd(inventory: Optional[str] = typer.Option(None, "-i", "--inventory"),
+                   prometheus: Optional[str] = typer.Option(None, "--prometheus"),
+                   range_: str = typer.Option("1h", "--range", help="30m, 1h, 6h, ..."),
+                   nccl: Optional[Path] = typer.Option(None, "--nccl", help="`specdeploy nccl tune` result JSON, "
+                                                       "for the all-reduce share"),
+                   layers: int = typer.Option(61, "--layers", help="decoder layers (Kimi-K2.5 / DeepSeek-V3: 61)"),
+                   k: int = typer.Option(3, "--k", help="draft tokens per step"),
+                   out: Path = typer.Option(Path("report.png"), "--out"),
+                   as_json: bool = typer.Option(False, "--json")):
+        """Key dashboard panels as a PNG from Prometheus: acceptance length, speedup, tokens/s, all-reduce share."""
+        from .frontdoor import prometheus_urls, targets
+        from .preflight import parse_seconds
+        from .report import render
+        secs = parse_seconds(range_)
+        if not secs:
+            print(f"ERROR --range: '{range_}' is not a duration like 30m or 1h", file=sys.stderr)
+            raise typer.Exit(2)
+        if not prometheus and not inventory:
+            print("ERROR --prometheus: give --prometheus URL or -i INVENTORY (its monitoring host)", file=sys.stderr)
+            raise typer.Exit(2)
+        nccl_data = None
+        if nccl:
+            try:
+                nccl_data = json.loads(nccl.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                print(f"ERROR --nccl: {nccl}: {exc}", file=sys.stderr)
+                raise typer.Exit(2)
+        urls = [prometheus] if prometheus else []
+        if inventory:
+            try:
+                urls = prometheus_urls(targets(inventory)[1], prometheus)
+            except SpecdeployError as exc:
+                _bad(exc)
+        errors = []
+        for url in urls:
+            try:
+                res = render(url, out, secs, nccl_data, layers, k)
+                break
+            except OSError as exc:
+                errors.append(f"{url}: {getattr(exc, 'reason', exc)}")
+        else:
+            print(f"ERROR --prometheus: cannot query {'; '.join(errors) or 'no Prometheus'} "
+                  "Fix: check the monitoring host is up", file=sys.stderr)
+            raise typer.Exit(2)
+        print(json.dumps(res, indent=2) if as_json else f"wrote {res['png']} from {res['prometheus']}")

@@ -1,0 +1,184 @@
+"""The front door without sandbox hosts: load progress from engine log lines, ansible-runner events folded into
+per-host rows, `status` against live exporters, a real Prometheus and an unreachable host, `report` as a PNG."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import REPO, free_port, load, start_exporter, start_sim, stop, wait_http
+from specdeploy.frontdoor import (HostRow, Run, Target, fleet_status, journal_lines, parse_load, phase_of,
+                                  scrape_exporter)
+
+
+def _sim_lines(engine: str) -> list[str]:
+    """The load lines the simulator prints (the same shapes the engines print)."""
+    r = subprocess.run([sys.executable, "-c", f"from specdeploy.simulator import load_progress; "
+                        f"load_progress('{engine}', 0.2)"], capture_output=True, text=True, check=True)
+    return r.stdout.splitlines()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_load_progress_from_engine_lines(engine):
+    lines = _sim_lines(engine)
+    # half-way through the weights, 10 s per 32 shards: 10 s to go
+    half = [ln for ln in lines if "32/64" in ln][0]
+    first = [ln for ln in lines if "0/64" in ln][0]
+    p = parse_load([(1000.0, first), (1010.0, half)], now=1010.0)
+    assert p.stage == "weights" and p.shards == (32, 64) and p.eta_s == pytest.approx(10.0)
+    assert "shards 32/64" in p.text() and "ETA 10s" in p.text()
+    p = parse_load([(1000.0 + i, ln) for i, ln in enumerate(lines)])
+    assert p.shards == (64, 64) and p.kv_tokens == 1187264 and p.graphs == (20, 20)
+    p = parse_load([(None, ln) for ln in lines] + [(None, "INFO:     Application startup complete.")])
+    assert p.stage == "ready" and p.eta_s is None
+
+
+def test_load_progress_from_upstream_line_shapes():
+    """Lines as vLLM and SGLang print them (tqdm bars and their KV-cache / graph-capture messages)."""
+    vllm = ["(EngineCore_DP0 pid=164) INFO 01-23 15:48:47 [gpu_model_runner.py:2602] Starting to load model",
+            "Loading safetensors checkpoint shards:  40% Completed | 2/5 [00:00<00:00,  4.45it/s]",
+            "(EngineCore_DP0 pid=164) INFO 01-23 15:49:30 [kv_cache_utils.py:1087] GPU KV cache size: 90,841 tokens",
+            "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  45%|████▌     | 30/67 [00:03<00:04,  8.9it/s]"]
+    p = parse_load([(None, ln) for ln in vllm])
+    assert (p.shards, p.kv_tokens, p.graphs, p.stage) == ((2, 5), 90841, (30, 67), "cuda-graphs")
+    sglang = ["Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00,  5.53it/s]",
+              "[2026-03-04 03:06:30 TP0] KV Cache is allocated. #tokens: 1417338, KV size: 91.02 GB",
+              "Capturing batches (bs=4 avail_mem=20.12 GB):  33%|███▎      | 1/3 [00:01<00:02,  1.02s/it]"]
+    p = parse_load([(None, ln) for ln in sglang])
+    assert (p.shards, p.kv_tokens, p.graphs) == ((1, 1), 1417338, (1, 3))
+
+
+def test_journal_lines_start_at_the_units_last_start():
+    text = ("1700000000.0 h python[1]: Loading safetensors checkpoint shards:  50% Completed | 32/64 [..]\n"
+            "1700000001.0 h systemd[1]: Started specdeploy-vllm.service - specdeploy vLLM.\n"
+            "1700000002.5 h python[2]: Loading safetensors checkpoint shards:   3% Completed | 2/64 [..]\n")
+    lines = journal_lines(text, "specdeploy-vllm.service")
+    assert lines[0][1].startswith("Started") and lines[-1] == (1700000002.5, lines[-1][1])
+    assert parse_load(lines).shards == (2, 64)
+
+
+def test_phases_follow_the_roles():
+    assert phase_of("gpu_host", "Kernel modules", "Provision GPU hosts") == "provision"
+    assert phase_of("engine_image", "Build", "Build or install") == "image"
+    assert phase_of("drafter", "Convert", "Deploy") == "stage"
+    assert phase_of("inference_engine", "Start the engine (restart when its release changed)", "Deploy") == "start"
+    assert phase_of("inference_engine", "Wait for the engine's health endpoint", "Deploy") == "load"
+    assert phase_of("inference_engine", "Send a real chat completion", "Deploy") == "ready"
+    assert phase_of("speculation_gate", "Gate", "Deploy") == "gate"
+
+
+def _ev(event, host, task="", role="", play="Deploy the engine", **data):
+    return {"event": event, "event_data": {"host": host, "task": task, "role": role, "play": play, **data}}
+
+
+def test_run_folds_events_into_rows_and_an_event_log(tmp_path):
+    hosts = [Target(h, "192.0.2.1", "vllm", 8000, 9450, "specdeploy-vllm.service", ["true"]) for h in ("a", "b")]
+    seen = []
+    run = Run(hosts, tmp_path / "ev.jsonl", lambda r, h: seen.append((h, r.rows[h].phase)))
+    run.event(_ev("runner_on_start", "a", "Start the engine", "inference_engine"))
+    run.event(_ev("runner_on_start", "b", "Start the engine", "inference_engine"))
+    run.event(_ev("runner_on_start", "a", "Wait for the engine's health endpoint", "inference_engine"))
+    run.event(_ev("runner_on_start", "b", "Wait for the engine's health endpoint", "inference_engine"))
+    run.event(_ev("runner_on_failed", "b", "Wait for the engine's health endpoint", "inference_engine",
+                  res={"msg": "Status code was -1"}))
+    tri = {"root_cause": "ValueError: Eagle3 is only supported for ['llama'] models", "fix": "apply the patch set"}
+    run.event(_ev("runner_on_ok", "b", "Triage the failure", "inference_engine",
+                  res={"ansible_facts": {"inference_engine_triage": tri}}))
+    run.event(_ev("runner_on_start", "a", "Send a real chat completion", "inference_engine"))
+    run.event({"event": "playbook_on_stats", "event_data": {"ok": {"a": 20, "b": 9}, "failures": {"b": 1},
+                                                            "changed": {"a": 3}}})
+    run.finish(2)
+    assert run.rows["a"].result == "ok" and run.rows["a"].phase == "ready"
+    assert run.rows["b"].result == "failed" and run.rows["b"].phase == "load" and run.rows["b"].triage == tri
+    assert run.exit_code == 1
+    assert ("a", "load") in seen and ("b", "load") in seen
+    log = [json.loads(x) for x in (tmp_path / "ev.jsonl").read_text().splitlines()]
+    assert any(e.get("triage") == tri for e in log)
+    assert log[-1]["event"] == "finished" and log[-1]["rows"]["b"]["result"] == "failed"
+
+
+def test_a_rescued_failure_is_not_a_failed_host(tmp_path):
+    run = Run([Target("a", "x", "vllm", 1, 2, "u", ["true"])], tmp_path / "e.jsonl")
+    run.event(_ev("runner_on_failed", "a", "Wait for readiness", "inference_engine", res={"msg": "x"}))
+    run.event({"event": "playbook_on_stats", "event_data": {"ok": {"a": 5}, "rescued": {"a": 1}}})
+    run.finish(0)
+    assert run.rows["a"].result == "ok" and run.exit_code == 0
+
+
+def test_deploy_bad_input_is_a_clean_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "deploy", "-i", str(tmp_path / "nope")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "deploy", "-i", str(REPO / "inventory/example"),
+                        "--limit", "no-such-host"], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "report", "--range", "soon"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--range" in r.stderr
+
+
+def test_preflight_errors_stop_the_deploy_before_ansible(example_inv, tmp_path):
+    gv = example_inv / "group_vars" / "specdeploy_engines.yml"
+    gv.write_text(gv.read_text() + "\nspecdeploy_engine_version: 0.15.1\n")
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "deploy", "-i", str(example_inv), "--events",
+                        str(tmp_path / "ev.jsonl")], capture_output=True, text=True, timeout=120)
+    assert r.returncode in (1, 2) and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert not (tmp_path / "ev.jsonl").exists()  # nothing ran
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus package")
+def test_status_and_report_from_live_exporters_and_prometheus(tmp_path):
+    from specdeploy.render import render_prometheus
+    from specdeploy.report import render
+    addr = "127.0.0.4"
+    ep, xp = free_port(addr), free_port(addr)
+    procs = [start_sim("sglang", addr, ep, {"SPECDEPLOY_SIM_ACCEPTANCE": "0.8"})]
+    gate = tmp_path / "gate.json"
+    gate.write_text(json.dumps({"verdict": "keep", "timestamp": time.time(),
+                                "levels": [{"concurrency": 8, "speedup": 1.7, "requests": 32, "errors": 0}]}))
+    procs.append(start_exporter("sglang", f"http://{addr}:{ep}", addr, xp, gate_file=gate, info=("spec_tokens=3",)))
+    try:
+        cfg = tmp_path / "prometheus.yml"
+        cfg.write_text(render_prometheus([{"host": "sg-1", "address": addr, "engine": "sglang", "engine_port": ep,
+                                           "exporter_port": xp}], [], scrape_interval="1s"))
+        port = free_port()
+        procs.append(subprocess.Popen(["prometheus", f"--config.file={cfg}",
+                                       f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                       f"--web.listen-address=127.0.0.1:{port}"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        prom = f"http://127.0.0.1:{port}"
+        wait_http(f"{prom}/-/ready", timeout=30)
+        t_end = time.time() + 14
+        while time.time() < t_end:
+            load(f"http://{addr}:{ep}", n=2, max_tokens=30)
+        hosts = [Target("sg-1", addr, "sglang", ep, xp, "specdeploy-sglang.service", []),
+                 Target("gone", "192.0.2.1", "vllm", 8000, 9450, "specdeploy-vllm.service", [])]
+        t0 = time.monotonic()
+        st = fleet_status(hosts, ["http://192.0.2.1:9090", prom], timeout=2.0)
+        assert time.monotonic() - t0 < 5
+        rows = {r["host"]: r for r in st["hosts"]}
+        assert not rows["gone"]["reachable"] and "192.0.2.1" in rows["gone"]["error"]
+        sg = rows["sg-1"]
+        assert sg["up"] and sg["engine"] == "sglang" and sg["speculation"] == "on" and sg["gate"] == "keep"
+        assert sg["acceptance_length"] > 2 and sg["tokens_per_s"] > 0 and 0 < sg["ttft_p50"] <= sg["ttft_p99"]
+        assert st["prometheus"] == prom and st["prometheus_errors"]
+        direct = scrape_exporter(hosts[0])
+        assert direct["acceptance_length"] == sg["acceptance_length"] or abs(
+            direct["acceptance_length"] - sg["acceptance_length"]) < 1
+        nccl = json.loads((REPO / "bench/nccl-h200x2/nvlink.json").read_text())
+        res = render(prom, tmp_path / "report.png", 120, nccl, layers=61, k=3)
+        png = (tmp_path / "report.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 30000
+        assert res["last"]["acceptance"]["sg-1"] > 2 and res["last"]["tokens"]["sg-1"] > 0
+        assert res["last"]["speedup"]["sg-1 c=8"] == 1.7
+        assert 0 < res["last"]["allreduce"]["sg-1"] < 1
+    finally:
+        stop(*procs)
+
+
+def test_host_row_defaults():
+    assert HostRow("x").phase == "waiting"
