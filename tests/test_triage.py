@@ -106,7 +106,7 @@ def test_watchdog_that_caught_a_cuda_error_is_not_a_collective_timeout(corpus):
     ("#033[0;36m(Worker_DP2_TP1_EP5 pid=16598)#033[0;0m ERROR 01-29 02:42:27 [multiproc_executor.py:749] E: 1^M",
      "Worker_DP2_TP1_EP5", 1, "01-29 02:42:27", "E: 1"),
     (" [36m(RayWorkerVllm pid=5085) [0m [E ProcessGroupNCCL.cpp:475] [Rank 4] Watchdog caught collective",
-     "RayWorkerVllm", 4, "E", "[Rank 4] Watchdog caught collective"),
+     "RayWorkerVllm", 4, None, "[Rank 4] Watchdog caught collective"),
     ("vllm-1  | ERROR 11-18 18:07:28 engine.py:366] ValueError: No available memory",
      None, None, "11-18 18:07:28", "ValueError: No available memory"),
     ("sglang-1  | [2025-11-01 16:50:36 TP1] Setup Custom allreduce failed", "TP1", 1, "2025-11-01 16:50:36",
@@ -121,7 +121,7 @@ def test_watchdog_that_caught_a_cuda_error_is_not_a_collective_timeout(corpus):
     ("Feb 21 20:16:57 gpu-a vllm[4100]: (Worker_TP0 pid=4100) ERROR 02-21 20:16:57 [x.py:1] OSError: e",
      "Worker_TP0", 0, "02-21 20:16:57", "OSError: e"),
     ("[rank2]:[E1001 16:06:04.537131842 ProcessGroupNCCL.cpp:607] [Rank 2] Watchdog caught", "rank2", 2,
-     "E1001 16:06:04.537131842", "[Rank 2] Watchdog caught"),
+     "1001 16:06:04.537131842", "[Rank 2] Watchdog caught"),
     ("(APIServer pid=1) ERROR 10-20 03:20:50 [serving_chat.py:1136[] Error in chat completion stream generator.",
      "APIServer", None, "10-20 03:20:50", "Error in chat completion stream generator."),
 ])
@@ -199,6 +199,45 @@ def test_silent_kill_is_named_and_the_kernel_log_is_its_evidence():
     res = triage_lines(unit, kernel)
     assert res.outcome == "killed" and res.signature == "host-oom-killer" and res.confidence == "high"
     assert any("Killed process 4100" in e["text"] for e in res.evidence)
+
+
+@pytest.mark.parametrize("lines,outcome,signature,needle", [
+    (["vllm-1  | INFO 01-01 00:00:00 [x.py:1] Loading weights", "vllm-1 exited with code 137"], "killed", None,
+     "SIGKILL"),
+    (["vllm-1 exited with code 1"], "failed", None, "code 1"),
+    (["Fatal Python error: Segmentation fault", "", "Current thread 0x00007f (most recent call first):"], "killed",
+     None, "SIGSEGV"),
+    (["specdeploy-vllm.service: start operation timed out. Terminating.",
+      "specdeploy-vllm.service: Failed with result 'timeout'."], "killed", "systemd-start-timeout", "timed out"),
+    (["Stopping specdeploy-vllm.service - vLLM...",
+      "specdeploy-vllm.service: Main process exited, code=killed, status=15/TERM"], "clean-shutdown", None, None),
+    (["    Last State:     Terminated", "      Reason:       OOMKilled", "      Exit Code:    137"], "killed",
+     "host-oom-killer", "OOMKilled"),
+    (["terminate called after throwing an instance of 'c10::Error'", "  what():  CUDA error: misaligned address"],
+     "failed", None, "CUDA error: misaligned address"),
+    (["ray.exceptions.RayTaskError(ValueError): ray::RayWorkerWrapper.execute_method() (pid=1, ip=10.0.0.2)",
+      '  File "/opt/vllm/worker/worker.py", line 12, in load_model', "ValueError: shape mismatch in layer 3"],
+     "failed", None, "ValueError: shape mismatch"),
+])
+def test_how_the_process_ended(lines, outcome, signature, needle):
+    res = triage_lines(lines)
+    assert (res.outcome, res.signature) == (outcome, signature)
+    assert needle is None or needle in res.root_cause
+
+
+def test_readme_examples_are_the_real_output(repo):
+    """The README's triage examples are real corpus logs; their printed output must be what the CLI prints."""
+    import re
+    text = (repo / "README.md").read_text()
+    blocks = re.findall(r"```text\n\$ specdeploy triage (\S+)\n(.*?)```", text, re.DOTALL)
+    assert len(blocks) >= 2 and {b[0].split("-")[0] for b in blocks} >= {"vllm", "sglang"}
+    for name, shown in blocks:
+        assert any(e["file"] == name for e in INDEX), name
+        r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "triage", str(CORPUS / name)], check=False,
+                           capture_output=True, text=True)
+        for line in shown.strip().splitlines():
+            head = line.split("[...]")[0]
+            assert any(out.startswith(head) for out in r.stdout.splitlines()), (name, line)
 
 
 # ------------------------------------------------------------------------------------------------ our own logs

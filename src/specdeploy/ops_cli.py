@@ -98,7 +98,7 @@ def register(app: typer.Typer):
                     for e in v:
                         where = f"line {e['line']}" if e.get("line") else "kernel log"
                         print(f"{'evidence':11s} {where}: {e['text']}  ({e['why']})")
-                elif v is not None:
+                elif v is not None and not (k == "next_step" and v in (res.fix or "")):
                     print(f"{k:11s} {v}")
         raise typer.Exit(0 if res.root_cause or res.outcome == "clean-shutdown" else 1)
 

@@ -45,7 +45,7 @@ VLLM_HDR = re.compile(r"^(?P<lvl>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+(?P<ts>\d\
 BARE_SRC = re.compile(r"^[\w./\-]{1,120}\.py:\d+\]\s?")
 SGL_HDR = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?P<tags>(?: (?:DP|TP|PP|EP|CP|ATTN_DP)\d+)*)\]\s?")
 TORCH_RANK = re.compile(r"^\[rank(?P<rank>\d+)\]:\s?")
-GLOG = re.compile(r"^\[(?P<ts>[EWIF](?:\d{3,4})?(?: [\d:.]+)?) ?[\w.]+\.(?:cpp|cc|h|hpp):\d+\]\s?")
+GLOG = re.compile(r"^\[[EWIF](?P<ts>(?:\d{3,4})?(?: [\d:.]+)?) ?[\w.]+\.(?:cpp|cc|h|hpp):\d+\]\s?")
 TB_MID = re.compile(r"(?<=\S)\s*(?=Traceback \(most recent call last\):)")
 RANK_IN = re.compile(r"(?:(?<![A-Za-z])TP|rank[= ]?|Rank )(\d+)")
 RANK_TXT = re.compile(r"^\[(?:PG [^\]]*?)?Rank (\d+)\]")
@@ -127,7 +127,7 @@ def normalise(lines) -> list[Record]:
                     text = text[tr.end():]
                 g = GLOG.match(text)
                 if g:
-                    ts = ts or g.group("ts")
+                    ts = ts or g.group("ts").strip() or None
                     text = text[g.end():]
                 rt = RANK_TXT.match(text)
                 if rt and rank is None:
@@ -143,8 +143,8 @@ def normalise(lines) -> list[Record]:
 
 
 # ---------------------------------------------------------------------------------------------------- evidence
-EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failure|Fault)"
-                 r"|Exception|StopIteration|KeyError))(?::\s*(?P<msg>.*))?$")
+EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failure|Fault|"
+                 r"Failed)|Exception|StopIteration|KeyError))(?:\([\w.]+\))?(?::\s*(?P<msg>.*))?$")
 FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<fn>\S+))?|'
                    r"^\s*File (?P<file2>\S+\.py):(?P<line2>\d+), in (?P<fn2>\S+)")
 CHAIN = re.compile(r"^(?:The above exception was the direct cause|During handling of the above exception)")
@@ -156,7 +156,7 @@ GENERIC = (
     "Rank 0 scheduler is dead", "Engine process failed to start", "Worker failed with error",
     "Call to collective_rpc method failed", "AsyncEngineDeadError", "Background loop has errored already",
     "MultiprocExecutor got fatal signal", "MulitprocExecutor got fatal signal", "Exception in worker",
-    "See stack trace (above) for the root cause", "Failed core proc(s)",
+    "See stack trace (above) for the root cause", "Failed core proc(s)", "exceptions.RayTaskError",
 )
 SHUTDOWN_EXC = re.compile(r"^(?:KeyboardInterrupt|(?:asyncio\.(?:exceptions\.)?)?CancelledError|SystemExit(?::\s*0)?$)")
 UNWRAP = re.compile(r"Worker failed with error '(?P<msg>.+)', please check the stack trace", re.DOTALL)
@@ -167,13 +167,17 @@ ERROR_LINES = [
     ("nccl-timeout", re.compile(r"Watchdog caught collective operation timeout: .*")),
     ("kill", re.compile(r"Out of memory: Killed process \d+ \([^)]*\).*|invoked oom-killer.*|oom-kill:.*")),
     ("kill", re.compile(r"Worker \S+ pid \d+ died, exit code:? -?\d+|Worker proc \S+ died unexpectedly.*|"
-                        r"code=killed, status=\d+/\w+|worker exited with exit code \d+|"
-                        r"A worker died or was killed while executing a task.*|^Killed\s*$|"
-                        r"Main process exited, code=(?:killed|dumped).*")),
+                        r"code=(?:killed|dumped), status=\d+/\w+|exited with (?:exit )?code:? -?\d+|"
+                        r"A worker died or was killed while executing a task.*|^Killed\s*$|OOMKilled|"
+                        r"start operation timed out.*|Fatal Python error: (?:Segmentation fault|Aborted|Bus error)|"
+                        r"(?:Segmentation fault|Aborted|Bus error) \(core dumped\)")),
     ("remote-code", re.compile(r"\S.{0,300}contains custom code which must be executed.*")),
-    ("unhandled", re.compile(r"Unhandled exception: \S+ what\(\): (?P<msg>.*)")),
+    ("unhandled", re.compile(r"Unhandled exception: \S+ what\(\): (?P<msg>.*)|^\s*what\(\):\s+(?P<msg2>\S.*)")),
 ]
-ERROR_HINT = re.compile(r"(?i)watchdog|kill|died|exit code|exited|custom code|Unhandled exception")
+ERROR_HINT = re.compile(r"(?i)watchdog|kill|died|exit code|exited|custom code|Unhandled exception|what\(\)|"
+                        r"timed out|Segmentation|Aborted|Bus error")
+NCCL_WARN = re.compile(r"NCCL WARN .*")
+ENGINE_PROC = re.compile(r"\((?:python[\d.]*|pt_main_thread|[Vv][Ll][Ll][Mm][^)]*|sglang[^)]*|ray::[^)]*)\)")
 SHUTDOWN = re.compile(r"(?i)Shutting down|Application shutdown complete|Finished server process|\[shutdown\]|"
                       r"received signal=SIG(?:TERM|INT)|Received (?:SIGTERM|SIGINT|signal (?:2|15)\b)|"
                       r"terminated by shutdown signal|Stopping specdeploy|Deactivated successfully|"
@@ -237,7 +241,8 @@ def _evidence(recs: list[Record]) -> list[_Ev]:
             for kind, rx in ERROR_LINES:
                 m = rx.search(t)
                 if m:
-                    out.append(_Ev(kind, (m.groupdict().get("msg") or m.group(0)).strip(), r, i))
+                    gd = m.groupdict()
+                    out.append(_Ev(kind, (gd.get("msg") or gd.get("msg2") or m.group(0)).strip(), r, i))
                     break
     for e in out:
         e.near = [r.text for r in recs[max(0, e.order - 6):e.order + 4]]
@@ -278,7 +283,8 @@ SIGNATURES = [
      "`ss -ltnp | grep <port>`, stop it or pick another specdeploy_port.")),
     ("kv-cache-no-memory", HIGH, re.compile(r"No available memory for the cache blocks|Insufficient memory for KV cache|"
                                             r"larger than the maximum number of tokens that can be stored in KV cache|"
-                                            r"Not enough memory\. Please try to increase --mem-fraction-static"),
+                                            r"Not enough memory\. Please try to increase --mem-fraction-static|"
+                                            r"larger than the available KV cache memory"),
      ("Nothing is left for the KV cache after the weights: raise specdeploy_gpu_memory_utilization (vLLM) / "
      "--mem-fraction-static (SGLang), lower max_model_len, or free the GPU (nvidia-smi: another process?).")),
     ("dtype-unsupported", HIGH, re.compile(r"Bfloat16 is only supported on GPUs with compute capability"),
@@ -291,6 +297,10 @@ SIGNATURES = [
                                                       r"Custom all-?reduce.*(?:not supported|failed)", re.IGNORECASE),
      ("SGLang's custom all-reduce breaks during CUDA-graph capture without NVLink: set "
      "specdeploy_custom_all_reduce: false (--disable-custom-all-reduce).")),
+    ("architecture-unsupported", MEDIUM, re.compile(r"Model architectures \[.*\] are not supported"),
+     ("This engine version does not know the architecture, or failed to import its implementation: look for an "
+     "earlier 'Error in inspecting model architecture' or ImportError; otherwise upgrade the engine (custom "
+     "architectures need --trust-remote-code).")),
     ("request-slots-exhausted", MEDIUM, re.compile(r"alloc_req_slots runs out of memory"),
      ("The request pool is smaller than the running batch: lower --max-running-requests or raise "
      "--mem-fraction-static.")),
@@ -304,14 +314,17 @@ OOM_FIX = {
                       " x vocab) or specdeploy_gpu_memory_utilization.",
     "cuda-graph": "CUDA-graph capture ran out of memory: lower the captured batch sizes (--cuda-graph-max-bs / "
                   "max_cudagraph_capture_size) or the memory fraction; --enforce-eager / --disable-cuda-graph confirms.",
+    "profile": "The memory-profiling forward pass (a full batch of max_num_batched_tokens) ran out of memory: lower "
+               "max_num_batched_tokens / max_model_len or the memory fraction.",
     "runtime": "A rank ran out of GPU memory while serving: lower max_num_seqs / --max-running-requests or "
                "max_model_len, or leave more headroom (memory fraction).",
 }
 OOM_PHASES = [
     ("cuda-graph", re.compile(r"(?i)capture|cuda_?graph|CudaGraphRunner|graph_runner")),
     ("sampler-warmup", re.compile(r"(?i)sampler|_dummy_sampler_run|warming up sampler|logits\.sort|top_k_top_p")),
+    ("profile", re.compile(r"(?i)profile_run|determine_available_memory|determine_num_available_blocks|_dummy_run")),
     ("kv-cache", re.compile(r"(?i)init_memory_pool|memory_pool|kv_?cache|initialize_cache|_allocate_kv|"
-                            r"TokenToKVPool|determine_num_available_blocks|initialize_from_config")),
+                            r"TokenToKVPool|initialize_from_config")),
     ("weights", re.compile(r"(?i)load_model|load_weights|model_loader|weight_loader|safetensors|Loading weights|"
                            r"checkpoint shards|default_loader")),
     ("runtime", re.compile(r"(?i)forward_batch|forward_thread|event_loop|run_batch|execute_model|forward_decode|"
@@ -409,8 +422,8 @@ def triage_lines(lines, kernel=None) -> Triage:
         elif not _generic(e.text):
             specific.append((e, e.text))
     others = [e for e in evs if e.kind != "exception"]
-    kernel_kills = [ln.strip() for ln in (kernel or []) if re.search(r"Out of memory: Killed process|oom-kill:|"
-                                                                       r"invoked oom-killer", ln)]
+    kernel_kills = [ln.strip() for ln in (kernel or []) if re.search(r"Out of memory: Killed process|oom-kill:", ln)
+                    and ENGINE_PROC.search(ln)]
     shutdown = [r for r in recs if SHUTDOWN.search(r.text) and not DUMP.search(r.text)]
 
     def result(outcome, ev: _Ev | None, text, sig=None, why="root exception", next_step=None):
@@ -430,8 +443,11 @@ def triage_lines(lines, kernel=None) -> Triage:
     tb_specific = [(e, t) for e, t in specific if e.in_tb] or specific
     if tb_specific:
         e, text = tb_specific[0]
-        sig = _signature(e, text)
-        return result("failed", e, text, sig)
+        res = result("failed", e, text, _signature(e, text))
+        if "NCCL" in text:
+            res.evidence += [{"line": r.n, "text": r.raw.strip()[:500], "why": "NCCL's own warning"}
+                             for r in [r for r in recs if NCCL_WARN.search(r.text)][:3]]
+        return res
     # non-Python failure lines, in log order
     for e in others:
         if e.kind == "watchdog-exc" or e.kind == "unhandled":
@@ -439,7 +455,7 @@ def triage_lines(lines, kernel=None) -> Triage:
         if e.kind == "remote-code":
             return result("failed", e, e.text, _signature(e, e.text), "the loader asked to run the model's own code")
         if e.kind == "kill":
-            return _killed(e, kernel_kills)
+            return _killed(e, kernel_kills, shutdown)
         if e.kind == "nccl-timeout":
             return result("failed", e, e.text, _timeout_sig(e), "the first collective timeout")
     if kernel_kills:
@@ -462,30 +478,45 @@ def triage_lines(lines, kernel=None) -> Triage:
         "hung. Give the complete log (journalctl -u UNIT --no-pager), and for hangs py-spy dump the workers."))
 
 
-_OOM_KILLER_FIX = ("The kernel's OOM killer ended the engine: host RAM, not GPU memory, ran out (loading shards, "
-                   "pinned memory, CPU offload, many workers). Give the host more RAM or swap, lower CPU-side buffers "
-                   "(e.g. --swap-space, cpu offload), or load fewer shards in parallel.")
+_OOM_KILLER_FIX = ("The kernel's OOM killer ended the engine: host RAM (or the container's memory limit), not GPU "
+                   "memory, ran out (loading shards, pinned memory, CPU offload, many workers). Give the host or "
+                   "container more memory, lower CPU-side buffers (--swap-space, CPU offload), or load fewer shards "
+                   "in parallel.")
 
 
-def _killed(e: _Ev, kernel_kills: list[str]) -> Triage:
+def _killed(e: _Ev, kernel_kills: list[str], shutdown: list[Record]) -> Triage:
     sig_no = None
-    m = re.search(r"exit code:? (-?\d+)|status=(\d+)/|exit code (\d+)", e.text)
+    m = re.search(r"exit code:? (-?\d+)|status=(\d+)/|exited with (?:exit )?code:? (-?\d+)", e.text)
     if m:
         code = int(next(g for g in m.groups() if g is not None))
         sig_no = -code if code < 0 else (code - 128 if code > 128 else (code if "status=" in e.text else None))
+    for word, no in (("Segmentation fault", 11), ("Aborted", 6), ("Bus error", 7), ("OOMKilled", 9)):
+        if word in e.text:
+            sig_no = no
     name = SIGNALS.get(sig_no or 0)
     text = e.text + (f" ({name})" if name and name not in e.text else "")
-    evidence = [_ev_dict(e, "the process ended by a signal, without a Python traceback")]
-    oom_line = "Out of memory: Killed process" in e.text or "oom-kill" in e.text or "oom-killer" in e.text
-    if kernel_kills or oom_line:
-        evidence += [{"line": None, "text": k[:500], "why": "kernel log"} for k in kernel_kills[-3:]]
-        return Triage("killed", text, None, e.rec.proc, "host-oom-killer", _OOM_KILLER_FIX, HIGH, e.rec.rank,
-                      e.rec.ts, evidence)
+    ev = [_ev_dict(e, "the process ended by a signal, without a Python traceback")]
+    t = (e.rec.proc, e.rec.rank, e.rec.ts)
+    if name in ("SIGTERM", "SIGINT") and shutdown:
+        return Triage("clean-shutdown", None, None, *t[:1], None, None, None, t[1], t[2], ev,
+                      "The engine was asked to stop and was stopped by a signal; nothing failed.")
+    if "start operation timed out" in e.text:
+        return Triage("killed", text, None, t[0], "systemd-start-timeout",
+                      "systemd stopped the engine because the model load took longer than the unit's start timeout: "
+                      "raise specdeploy_start_timeout (a trillion-parameter load takes tens of minutes).", HIGH,
+                      t[1], t[2], ev)
+    if m and sig_no is None and "exit" in e.text:
+        nxt = ("The process exited with an error code and no traceback in these lines: read the lines just before "
+               "it, and the complete log of that process.")
+        return Triage("failed", text, None, t[0], None, "unknown failure: " + nxt, None, t[1], t[2], ev, nxt)
+    oom_line = any(w in e.text for w in ("Out of memory: Killed process", "oom-kill", "OOMKilled"))
+    if oom_line or (kernel_kills and name in ("SIGKILL", None)):
+        ev += [{"line": None, "text": k[:500], "why": "kernel log"} for k in kernel_kills[-3:]]
+        return Triage("killed", text, None, t[0], "host-oom-killer", _OOM_KILLER_FIX, HIGH, t[1], t[2], ev)
     nxt = ("The process was killed without a traceback. If it was SIGKILL, check the kernel log for the OOM killer: "
            "`specdeploy triage --journal UNIT` (reads journalctl -k) or `journalctl -k | grep -i 'killed process'`; "
            "SIGABRT/SIGSEGV come from native code: look at the lines just before it.")
-    return Triage("killed", text, None, e.rec.proc, None, "unknown: " + nxt, None, e.rec.rank, e.rec.ts, evidence,
-                  nxt)
+    return Triage("killed", text, None, t[0], None, "unknown: " + nxt, None, t[1], t[2], ev, nxt)
 
 
 def read_log(path) -> list[str]:
