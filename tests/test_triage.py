@@ -244,7 +244,7 @@ def test_readme_examples_are_the_real_output(repo):
 @pytest.mark.parametrize("log,sig,needle", [
     ("vllm-image-token.log", "kimi-image-token-index", "image_token_index"),
     ("vllm-eagle3-interface.log", "eagle3-interface-missing", "EAGLE3 interface"),
-    ("vllm-oom.log", "cuda-oom-*", "CUDA out of memory"),
+    ("vllm-oom.log", "cuda-oom*", "CUDA out of memory"),
 ])
 def test_triage_finds_root_cause_in_interleaved_logs(repo, log, sig, needle):
     res = triage_files([repo / "tests/data/logs" / log])

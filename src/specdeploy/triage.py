@@ -60,6 +60,7 @@ class Record:
     ts: str | None
     text: str
     raw: str
+    hdr: bool = False      # the line carried its own log header (a new message, not a continuation)
 
 
 def _outer(line: str) -> str:
@@ -137,8 +138,9 @@ def normalise(lines) -> list[Record]:
                 elif proc is not None or hdr or tr or g:
                     carry = (None, None, None)
             parts = TB_MID.split(text, maxsplit=1) if "Traceback (most recent call last)" in text else [text]
+            new = bool(sg) or (not sg and bool(hdr or tr or g))
             for part in parts:
-                out.append(Record(n, proc, rank, ts, part, raw))
+                out.append(Record(n, proc, rank, ts, part, raw, new))
     return out
 
 
@@ -172,9 +174,10 @@ ERROR_LINES = [
                         r"start operation timed out.*|Fatal Python error: (?:Segmentation fault|Aborted|Bus error)|"
                         r"(?:Segmentation fault|Aborted|Bus error) \(core dumped\)")),
     ("remote-code", re.compile(r"\S.{0,300}contains custom code which must be executed.*")),
+    ("pydantic", re.compile(r"^Value error, (?P<msg>.+?)(?: \[type=value_error.*)?$")),
     ("unhandled", re.compile(r"Unhandled exception: \S+ what\(\): (?P<msg>.*)|^\s*what\(\):\s+(?P<msg2>\S.*)")),
 ]
-ERROR_HINT = re.compile(r"(?i)watchdog|kill|died|exit code|exited|custom code|Unhandled exception|what\(\)|"
+ERROR_HINT = re.compile(r"(?i)watchdog|kill|died|exit code|exited|custom code|Unhandled exception|what\(\)|Value error|"
                         r"timed out|Segmentation|Aborted|Bus error")
 NCCL_WARN = re.compile(r"NCCL WARN .*")
 ENGINE_PROC = re.compile(r"\((?:python[\d.]*|pt_main_thread|[Vv][Ll][Ll][Mm][^)]*|sglang[^)]*|ray::[^)]*)\)")
@@ -232,7 +235,7 @@ def _evidence(recs: list[Record]) -> list[_Ev]:
             if CHAIN.match(t):
                 cur = None
                 continue
-            if cur is not None and len(cur.block) < 8 and not r.text.startswith((" ", "\t")):
+            if cur is not None and len(cur.block) < 8 and (not r.hdr or r.text.startswith((" ", "\t"))):
                 cur.block.append(t)
             if DUMP.search(t):
                 continue
@@ -247,6 +250,15 @@ def _evidence(recs: list[Record]) -> list[_Ev]:
     for e in out:
         e.near = [r.text for r in recs[max(0, e.order - 6):e.order + 4]]
     return sorted(out, key=lambda e: e.order)
+
+
+def _detail(e: _Ev, text: str) -> str:
+    """pydantic puts the message of a ValidationError on the lines after it ("  Value error, ...")."""
+    if re.search(r"\d+ validation errors? for \w+", text):
+        detail = [b for b in e.block if not b.startswith(("For further information", "http"))][:2]
+        if detail:
+            return f"{text}: {' '.join(detail)}"[:2000]
+    return text
 
 
 def _generic(text: str) -> bool:
@@ -264,8 +276,9 @@ SIGNATURES = [
      ("DeepseekV2/V3 (and KimiK25) do not implement SupportsEagle3 before vLLM 0.18: set "
      "specdeploy_engine_patches: auto or pin vLLM >= 0.18.0.")),
     ("eagle3-target-whitelist", HIGH, re.compile(r"(?i)eagle3 is only supported for|is only supported for \[.*llama"),
-     ("vLLM < 0.18 rejects kimi_k2/deepseek as EAGLE-3 targets: set specdeploy_engine_patches: auto or pin "
-     "vLLM >= 0.18.0.")),
+     ("This vLLM accepts EAGLE-3 only for the target model types its message lists: for Kimi-K2.5/DeepSeek "
+      "(rejected before 0.18) set specdeploy_engine_patches: auto or pin vLLM >= 0.18.0; for other targets use a "
+      "vLLM that lists the model type.")),
     ("speculators-supports-eagle3", HIGH, re.compile(r"(?i)supports_eagle3|does not support eagle ?3(?! interface)"),
      ("The speculators hidden-state worker checks supports_eagle3 on the top-level KimiK25 wrapper: use a vLLM "
      "with SupportsEagle3 on KimiK25ForConditionalGeneration (>= 0.18.0, or the patched image).")),
@@ -440,6 +453,7 @@ def triage_lines(lines, kernel=None) -> Triage:
         return Triage(outcome, text, ev.location if ev else None, ev.rec.proc if ev else None, name, fix, conf,
                       ev.rec.rank if ev else None, ev.rec.ts if ev else None, evidence, next_step)
 
+    specific = [(e, _detail(e, t)) for e, t in specific]
     tb_specific = [(e, t) for e, t in specific if e.in_tb] or specific
     if tb_specific:
         e, text = tb_specific[0]
@@ -452,6 +466,9 @@ def triage_lines(lines, kernel=None) -> Triage:
     for e in others:
         if e.kind == "watchdog-exc" or e.kind == "unhandled":
             return result("failed", e, e.text, _signature(e, e.text), "the exception the NCCL watchdog caught")
+        if e.kind == "pydantic":
+            text = "ValueError: " + e.text
+            return result("failed", e, text, _signature(e, text), "the validation error's message")
         if e.kind == "remote-code":
             return result("failed", e, e.text, _signature(e, e.text), "the loader asked to run the model's own code")
         if e.kind == "kill":
