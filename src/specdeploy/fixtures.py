@@ -76,3 +76,24 @@ def write_drafter(path: Path, config: dict | None = None, **tensor_kw) -> Path:
     specs, data = drafter_tensors(**tensor_kw)
     write_sparse(path / "model.safetensors", specs, data)
     return path
+
+
+def write_model(path: Path, config: dict, shards: int = 3, random_bytes: int = 1 << 20, hole_bytes: int = 64 << 20,
+                seed: int = 0) -> Path:
+    """A sharded checkpoint with an index: each shard holds one tensor of random bytes and one sparse (hole)
+    tensor, so copies can be checked byte for byte while the files stay cheap on disk."""
+    import random
+    rng = random.Random(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    weight_map, total = {}, 0
+    for i in range(1, shards + 1):
+        name = f"model-{i:05d}-of-{shards:05d}.safetensors"
+        dense, sparse = f"model.layers.{i}.mlp.experts.weight_packed", f"model.layers.{i}.self_attn.kv_b_proj.weight"
+        specs = {dense: ("U8", (random_bytes,)), sparse: ("BF16", (hole_bytes // 2,))}
+        write_sparse(path / name, specs, {dense: rng.randbytes(random_bytes)})
+        weight_map.update({dense: name, sparse: name})
+        total += random_bytes + hole_bytes
+    (path / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return path

@@ -83,6 +83,11 @@ class HostVars(BaseModel):
         default_factory=dict, description="Extra speculative-config keys, validated against the engine version.")
     specdeploy_spec_gate: bool = Field(
         False, description="After readiness, measure whether speculation pays and apply the verdict.")
+    specdeploy_load_format: str | None = Field(
+        None, description="Engine weight loader (`--load-format`), checked against the pinned version: e.g. "
+        "`safetensors`, `fastsafetensors` (GPU-direct; the image needs the fastsafetensors package), "
+        "`runai_streamer` (concurrent streaming), `instanttensor` (vLLM >= 0.18.0, SGLang >= 0.5.22). Default: "
+        "the engine's `auto`.")
     specdeploy_engine_extra_args: list[str] = Field(
         default_factory=list, description="Extra engine flags, validated against the engine version.")
     specdeploy_engine_env: dict[str, str] = Field(

@@ -78,3 +78,27 @@ def sglang_metric_names(root: Path) -> frozenset[str]:
 def exposed(name: str, defined: frozenset[str]) -> bool:
     """prometheus_client exposes a counter `x` as `x_total`; histograms keep their name."""
     return name in defined or (name.endswith("_total") and name[:-6] in defined)
+
+
+@lru_cache(maxsize=None)
+def vllm_load_formats(root: Path) -> frozenset[str]:
+    """Keys of the model loader registry (the --load-format choices) in vllm/model_executor/model_loader."""
+    tree = ast.parse((root / "vllm/model_executor/model_loader/__init__.py").read_text())
+    for node in ast.walk(tree):
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and target.id == "_LOAD_FORMAT_TO_MODEL_LOADER" \
+                and isinstance(node.value, ast.Dict):
+            return frozenset(k.value for k in node.value.keys if isinstance(k, ast.Constant))
+    raise AssertionError(f"{root}: no _LOAD_FORMAT_TO_MODEL_LOADER table")
+
+
+@lru_cache(maxsize=None)
+def sglang_load_formats(root: Path) -> frozenset[str]:
+    """Values of the LoadFormat enum in sglang/srt/configs/load_config.py."""
+    tree = ast.parse((root / "sglang/srt/configs/load_config.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "LoadFormat":
+            return frozenset(s.value.value for s in node.body if isinstance(s, ast.Assign)
+                             and isinstance(s.value, ast.Constant))
+    raise AssertionError(f"{root}: no LoadFormat enum")

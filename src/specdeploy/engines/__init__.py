@@ -80,6 +80,7 @@ class EngineAdapter:
     versions: tuple[str, ...] = ()
     capabilities: dict[str, Span] = {}
     flags: dict[str, Span] = {}  # every flag the adapter may emit or accept in extra args
+    load_formats: dict[str, Span] = {}  # --load-format choices for safetensors checkpoints, per version
     health: Health
     metrics: Metrics
     default_port: int = 8000
@@ -109,8 +110,20 @@ class EngineAdapter:
         raise NotImplementedError
 
     # --- shared -------------------------------------------------------------------------
+    def load_format_ok(self, fmt: str) -> bool:
+        span = self.load_formats.get(fmt)
+        return span is not None and span.contains(self.version)
+
     def validate_extras(self, hv: "HostVars", host: str | None) -> list[Finding]:
         out = self.spec_config_problems(hv, host)
+        fmt = hv.specdeploy_load_format
+        if fmt and not self.load_format_ok(fmt):
+            valid = sorted(f for f in self.load_formats if self.load_format_ok(f))
+            span = self.load_formats.get(fmt)
+            why = f"exists only from {self.name} {span.since}" if span and span.since else \
+                f"is not a {self.name} {self.version} load format specdeploy knows"
+            out.append(Finding("error", "specdeploy_load_format", f"'{fmt}' {why}",
+                               f"use one of: {', '.join(valid)}", host))
         for arg in hv.specdeploy_engine_extra_args:
             if not arg.startswith("--"):
                 continue

@@ -43,6 +43,17 @@ FI_FUSION_AUTO = Span("0.5.10")
 FI_FUSION_ABSENT = Span(None, "0.5.2")
 FI_FUSION_CC = ("9.0", "10.0")
 
+FLAGS["--load-format"] = Span()
+
+# --load-format choices that load a safetensors checkpoint (LoadFormat in sglang/srt/configs/load_config.py);
+# 0.5.6 has none of the fast loaders, 0.5.10 has fastsafetensors and runai_streamer (releases between them are
+# not claimed), instanttensor first appears in 0.5.22.
+LOAD_FORMATS = {
+    "auto": Span(), "safetensors": Span(),
+    "fastsafetensors": Span("0.5.10"), "runai_streamer": Span("0.5.10"),
+    "instanttensor": Span("0.5.22"),
+}
+
 ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "mtp": "NEXTN", "ngram": "NGRAM"}
 
 
@@ -51,6 +62,7 @@ class SGLang(EngineAdapter):
     versions = VERSIONS
     capabilities = CAPABILITIES
     flags = FLAGS
+    load_formats = LOAD_FORMATS
     launch_hint = "python -m sglang.launch_server --help"
     health = Health(
         liveness="/health",
@@ -137,6 +149,8 @@ class SGLang(EngineAdapter):
             argv += ["--attention-backend", backend]
         if self.resolved(hv, "disable_custom_all_reduce"):
             argv.append("--disable-custom-all-reduce")
+        if hv.specdeploy_load_format:
+            argv += ["--load-format", hv.specdeploy_load_format]
         if hv.specdeploy_spec_enabled:
             argv += self.spec_flags(hv, drafter_path)
         if hv.specdeploy_api_key_file:

@@ -81,6 +81,12 @@ FI_FUSION_MAX = {
     "10.0": {2: 64 * MiB, 4: 32 * MiB, 8: MiB},
 }
 
+# --load-format choices that load a safetensors checkpoint (model_loader's format table in each release).
+LOAD_FORMATS = {
+    **{f: Span() for f in ("auto", "safetensors", "fastsafetensors", "runai_streamer", "runai_streamer_sharded")},
+    "instanttensor": Span("0.18.0"),
+}
+
 SPEC_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
 
 
@@ -89,6 +95,7 @@ class VLLM(EngineAdapter):
     versions = VERSIONS
     capabilities = CAPABILITIES
     flags = FLAGS
+    load_formats = LOAD_FORMATS
     launch_hint = "vllm serve --help=all"
     health = Health(
         liveness="/health",
@@ -180,6 +187,8 @@ class VLLM(EngineAdapter):
             argv += ["--attention-backend", backend]
         if self.resolved(hv, "disable_custom_all_reduce"):
             argv.append("--disable-custom-all-reduce")
+        if hv.specdeploy_load_format:
+            argv += ["--load-format", hv.specdeploy_load_format]
         if hv.specdeploy_spec_enabled:
             argv += ["--speculative-config", dumps_compact(self.spec_config(hv, drafter_path))]
         argv += list(hv.specdeploy_engine_extra_args)
