@@ -28,6 +28,12 @@ class HardwareProfile:
     nccl_env: dict[str, EnvVar] = field(default_factory=dict)
     # engine -> setting -> value; read by the engine adapters, never by templates.
     engine_defaults: dict[str, dict[str, object]] = field(default_factory=dict)
+    # Host provisioning (gpu_host role): the NVIDIA driver branch apt is pinned to (580: the production branch
+    # that supports B200, H200 and RTX PRO 6000 Blackwell, CUDA 13.0); the open kernel modules (the only ones
+    # Blackwell runs on); NVLSM, which NVLink 5 NVSwitch systems (B200 and later) need beside the fabric manager.
+    driver_branch: int = 580
+    open_modules: bool = True
+    nvlsm: bool = False
 
     @property
     def sm(self) -> int:
@@ -72,6 +78,7 @@ B200_NVL8 = HardwareProfile(
     fabric_manager=True,
     nccl_env={},
     engine_defaults={"vllm": {}, "sglang": {}},
+    nvlsm=True,
 )
 
 H200_NVL8 = HardwareProfile(
@@ -110,6 +117,7 @@ def custom_profile(spec: dict) -> HardwareProfile:
         fabric_manager=spec.get("nvswitch", False),
         nccl_env=env,
         engine_defaults=defaults,
+        nvlsm=spec.get("nvswitch", False) and int(spec["compute_capability"].split(".")[0]) >= 10,
     )
 
 
