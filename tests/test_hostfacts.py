@@ -275,13 +275,46 @@ def test_install_plan_per_profile():
 
 def test_daemon_json_merges_and_is_stable():
     first = hf.docker_daemon_config(None)
-    assert first["changed"] and json.loads(first["content"])["runtimes"]["nvidia"]["path"] == \
+    assert first["differs"] and json.loads(first["content"])["runtimes"]["nvidia"]["path"] == \
         "nvidia-container-runtime"
     again = hf.docker_daemon_config(first["content"])
-    assert not again["changed"]
+    assert not again["differs"]
     # the user's keys stay; a reformatted but equal file is not rewritten
     user = json.dumps({"log-driver": "json-file", **json.loads(first["content"])})
-    assert not hf.docker_daemon_config(user)["changed"]
+    assert not hf.docker_daemon_config(user)["differs"]
     mine = hf.docker_daemon_config('{"data-root": "/data/docker"}')
-    assert mine["changed"] and json.loads(mine["content"])["data-root"] == "/data/docker"
+    assert mine["differs"] and json.loads(mine["content"])["data-root"] == "/data/docker"
     assert hf.docker_daemon_config("{not json")["error"].startswith("/etc/docker/daemon.json is not JSON")
+
+
+def test_preflight_hosts_reads_each_engine_host(example_inv):
+    """The inventory's hosts, probed through a stand-in for SSH that returns a recorded RTX PRO 6000 host."""
+    seen = []
+
+    def probe(name, variables):
+        seen.append((name, variables["ansible_host"]))
+        if name == "gpu-b":
+            return None, "Connection refused"
+        return facts("rtx-pro-6000-q-580.105.06.txt"), None
+
+    reps = hf.preflight_hosts(str(example_inv), probe_fn=probe)
+    assert sorted(n for n, _ in seen) == ["gpu-a", "gpu-b"]
+    assert [f.subject for f in reps["gpu-a"].errors] == ["GPU count"]
+    [ssh] = reps["gpu-b"].errors
+    assert ssh.subject == "ssh" and "Connection refused" in ssh.message and ssh.host == "gpu-b"
+
+
+def test_host_decisions_turn_p2p_off_when_acs_stays_on():
+    out = ("@@begin os\nubuntu 24.04 noble\nx86_64\n@@end os 0\n"
+           "@@begin smi\n" + "".join(f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, 00000000:{i + 1:02x}:00.0, "
+                                     "580.105.06, 97887, Enabled, 12.0\n" for i in range(8)) + "@@end smi 0\n"
+           "@@begin lspci\n" + (DATA / "acs" / "mixed-nccl629.txt").read_text() + "@@end lspci 0\n"
+           "@@begin cmdline\n" + (DATA / "cmdline" / "iommu-pt-rccl1129.txt").read_text() + "@@end cmdline 0\n"
+           "@@begin docker\n/usr/bin/dockerd\n@@end docker 0\n")
+    pcie = hv(specdeploy_hardware="rtx_pro_6000_pcie")
+    d = hf.host_decisions("rtx1", pcie, out)
+    assert d["p2p_off_reason"].startswith("ACS redirect is on at 4 PCIe bridge(s)")
+    assert d["nccl_env"] == {"NCCL_P2P_LEVEL": "SYS", "NCCL_P2P_DISABLE": "1"}
+    assert d["blocking"] == [] and not d["install_driver"] and not d["ok"]
+    on = hf.host_decisions("rtx1", pcie, out, acs_disable=True)
+    assert on["acs_disable"] and on["p2p_off_reason"] is None and on["blocking"] == []

@@ -116,6 +116,32 @@ def specdeploy_gate_verdict(report):
     return verdict_overrides(_plain(report))
 
 
+def specdeploy_gather_script(_=None):
+    """The read-only script that shows a GPU host as the host checks read it."""
+    from specdeploy.hostfacts import gather_script
+    return gather_script()
+
+
+def specdeploy_host_check(variables, host, output, acs_disable=False):
+    """What the gather script's output says about the host: facts, findings (lines), the install plan, and the
+    decisions the gpu_host role applies (ACS, NCCL P2P, reboot)."""
+    from specdeploy.hostfacts import host_decisions
+    v, hv = _validated(variables, host)
+    return _plain(host_decisions(host, hv, str(output), bool(acs_disable)))
+
+
+def specdeploy_daemon_json(current):
+    """/etc/docker/daemon.json with the NVIDIA runtime and the engine's ulimits merged in (differs: False when
+    the file already says so)."""
+    from specdeploy.hostfacts import docker_daemon_config
+    return docker_daemon_config(current if isinstance(current, str) else None)
+
+
+def specdeploy_acs_files(_=None):
+    from specdeploy.hostfacts import ACS_SCRIPT, ACS_UNIT
+    return {"script": ACS_SCRIPT, "unit": ACS_UNIT}
+
+
 class FilterModule:
     def filters(self):
         return {name: fn for name, fn in globals().items() if name.startswith("specdeploy_") and callable(fn)}

@@ -133,7 +133,8 @@ def _parse_smi_table(text: str) -> Smi:
     smi.cuda = m.group(1) if m else None
     lines = text.splitlines()
     for i, line in enumerate(lines):
-        m = re.match(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s*\|\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)", line)
+        m = re.match(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s*\|\s*"
+                     r"([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)", line)
         if not m:
             continue
         gpu = Gpu(index=int(m.group(1)), name=m.group(2).strip(), persistence=m.group(3) == "On",
@@ -393,20 +394,20 @@ DEFAULT_ULIMITS = {"memlock": {"Name": "memlock", "Hard": -1, "Soft": -1},
 
 def docker_daemon_config(current: str | None) -> dict:
     """daemon.json with the NVIDIA runtime and the engine's ulimits (memlock, nofile) merged in; every other key
-    of the current file is kept. ``changed`` is False when the file already says this, in any formatting."""
+    of the current file is kept. ``differs`` is False when the file already says this, in any formatting."""
     try:
         cur = json.loads(current) if current and current.strip() else {}
     except json.JSONDecodeError as exc:
-        return {"changed": False, "error": f"/etc/docker/daemon.json is not JSON ({exc.msg} at line {exc.lineno})",
+        return {"differs": False, "error": f"/etc/docker/daemon.json is not JSON ({exc.msg} at line {exc.lineno})",
                 "content": current}
     if not isinstance(cur, dict):
-        return {"changed": False, "error": "/etc/docker/daemon.json is not a JSON object", "content": current}
+        return {"differs": False, "error": "/etc/docker/daemon.json is not a JSON object", "content": current}
     new = json.loads(json.dumps(cur))
     new.setdefault("runtimes", {})["nvidia"] = dict(NVIDIA_RUNTIME)
     ul = new.setdefault("default-ulimits", {})
     for k, v in DEFAULT_ULIMITS.items():
         ul.setdefault(k, v)
-    return {"changed": new != cur, "content": json.dumps(new, indent=2, sort_keys=True) + "\n", "error": None}
+    return {"differs": new != cur, "content": json.dumps(new, indent=2, sort_keys=True) + "\n", "error": None}
 
 
 # setpci clears ReqRedir (bit 2) and CmpltRedir (bit 3) of the ACS control register (ECAP_ACS+6) on every bridge
@@ -414,14 +415,20 @@ def docker_daemon_config(current: str | None) -> dict:
 ACS_SCRIPT = """#!/bin/sh
 # Managed by specdeploy (gpu_host role): disable PCIe ACS redirect above the NVIDIA GPUs, so P2P goes direct.
 set -eu
-command -v setpci >/dev/null || { echo "setpci not found (install pciutils)" >&2; exit 1; }
+gpus=""
 for dev in /sys/bus/pci/devices/*; do
-  [ "$(cat "$dev/vendor")" = "0x10de" ] || continue
-  case "$(cat "$dev/class")" in 0x0300*|0x0302*) ;; *) continue ;; esac
+  [ -e "$dev/vendor" ] && [ "$(cat "$dev/vendor")" = "0x10de" ] || continue
+  case "$(cat "$dev/class")" in 0x0300*|0x0302*) gpus="$gpus $dev" ;; esac
+done
+[ -n "$gpus" ] || { echo "no NVIDIA GPU on the PCI bus: nothing to do"; exit 0; }
+command -v setpci >/dev/null || { echo "setpci not found (install pciutils)" >&2; exit 1; }
+for dev in $gpus; do
   path=$(readlink -f "$dev")
   while path=$(dirname "$path"); [ "${path#/sys/devices/pci}" != "$path" ]; do
     bdf=$(basename "$path")
-    case "$bdf" in *:*:*.*) setpci -s "$bdf" ECAP_ACS+6.w=0000:000c 2>/dev/null && echo "ACS redirect off: $bdf" || true ;; esac
+    case "$bdf" in
+      *:*:*.*) setpci -s "$bdf" ECAP_ACS+6.w=0000:000c 2>/dev/null && echo "ACS redirect off: $bdf" || true ;;
+    esac
   done
 done
 """
@@ -705,6 +712,42 @@ def fabric_findings(host: str, prof: HardwareProfile, facts: HostFacts, rep: Rep
                 "wait for the fabric manager; check nvidia-smi -q | grep -A2 Fabric", host)
 
 
+def host_decisions(host: str, hv, output: str, acs_disable: bool = False) -> dict:
+    """Everything the gpu_host role applies, decided here from the gather script's output."""
+    from .nccl_env import resolve
+    from .render import unit_name
+    facts = facts_from_sections(split_sections(output))
+    rep = check_host(host, hv, facts, acs_disable)
+    prof = hv.profile()
+    env, source = resolve(hv)
+    redirect = bool(facts.acs and facts.acs.redirect)
+    p2p_on = env.get("NCCL_P2P_DISABLE") != "1"
+    p2p_off_reason = None
+    if prof.interconnect == "pcie" and p2p_on and redirect and not acs_disable:
+        p2p_off_reason = (f"ACS redirect is on at {len(facts.acs.redirect)} PCIe bridge(s) and "
+                          "gpu_host_acs_disable is false: NCCL P2P would hang, so it is off for this host")
+    # errors the role itself resolves in this run are not reasons to stop it
+    fixed = {"ACS"} if p2p_off_reason or acs_disable else set()
+    if p2p_off_reason:
+        fixed.add("IOMMU")
+    blocking = [f.line() for f in rep.errors if f.subject not in fixed]
+    plan = install_plan(prof, facts.os_id or "unknown", facts.os_version, facts.codename, facts.arch, facts.driver)
+    return {
+        "facts": facts.to_dict(), "ok": rep.ok, "findings": [f.to_dict() for f in rep.findings],
+        "lines": [f.line() for f in rep.findings], "blocking": blocking, "plan": plan,
+        "gpu": facts.smi is not None, "driver": facts.driver,
+        # a working driver that the engine accepts stays; a missing or failing one is replaced by the pinned branch
+        "install_driver": not hv.specdeploy_sandbox and (facts.smi is None or any(
+            f.subject in ("driver", "kernel module", "GPU") for f in rep.errors)),
+        "install_docker": hv.specdeploy_runtime == "docker" and not facts.docker,
+        "driver_on_branch": bool(version(facts.driver) and version(facts.driver)[0] == prof.driver_branch),
+        "acs_disable": bool(acs_disable and prof.interconnect == "pcie"),
+        "nccl_env": dict(env, NCCL_P2P_DISABLE="1") if p2p_off_reason else None, "nccl_env_source": source,
+        "p2p_off_reason": p2p_off_reason, "engine_unit": unit_name(hv.specdeploy_engine),
+        "daemon_json": docker_daemon_config(facts.daemon_json),
+    }
+
+
 # --------------------------------------------------------------------------------------------------------------
 # over SSH
 
@@ -735,3 +778,42 @@ def probe(host: str, variables: dict, timeout: float = 120) -> tuple[HostFacts |
     if r.returncode == 255 or "@@begin" not in r.stdout:
         return None, (r.stderr.strip().splitlines() or [f"ssh exited {r.returncode}"])[-1]
     return facts_from_sections(split_sections(r.stdout)), None
+
+
+def preflight_hosts(inventory: str, limit: str | None = None, extra: dict | None = None,
+                    probe_fn=probe) -> dict[str, Report]:
+    """``specdeploy preflight --hosts``: read every engine host over SSH (read-only) and report each gap."""
+    from pathlib import Path
+
+    from .errors import Finding, SpecdeployError
+    from .inventory import _check_path, engine_host_names, host_variables
+    from .schema import validate_host
+    path = Path(inventory)
+    _check_path(path)
+    from concurrent.futures import ThreadPoolExecutor
+    inv, all_vars = host_variables(path, extra)
+
+    def one(name: str) -> Report:
+        rep = Report()
+        variables = all_vars[name]
+        if isinstance(variables, SpecdeployError):
+            rep.extend(variables.problems)
+            return rep
+        try:
+            hv = validate_host(name, variables)
+        except SpecdeployError as exc:
+            rep.extend(exc.problems)
+            return rep
+        facts, err = probe_fn(name, variables)
+        if facts is None:
+            rep.findings.append(Finding("error", "ssh", f"cannot read the host: {err}",
+                                        "check ansible_host/ansible_user/ansible_ssh_private_key_file and that "
+                                        "the host is up", name))
+            return rep
+        acs_off = str(variables.get("gpu_host_acs_disable", False)).lower() in ("true", "1", "yes")
+        rep.extend(check_host(name, hv, facts, acs_off).findings)
+        return rep
+
+    names = engine_host_names(inv, path, limit)
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(names)))) as pool:
+        return dict(zip(names, pool.map(one, names)))

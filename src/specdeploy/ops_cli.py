@@ -17,13 +17,19 @@ def register(app: typer.Typer):
     def preflight_cmd(inventory: str = typer.Option(..., "-i", "--inventory"),
                       limit: Optional[str] = typer.Option(None, "--limit"),
                       extra_vars: Optional[List[str]] = typer.Option(None, "-e", "--extra-vars"),
-                      as_json: bool = typer.Option(False, "--json")):
+                      as_json: bool = typer.Option(False, "--json"),
+                      hosts: bool = typer.Option(False, "--hosts", help="Read the hosts over SSH (read-only): "
+                                                 "driver, GPUs, fabric manager, ACS, IOMMU, Docker.")):
         """Check everything knowable before the model load; change nothing. Exit 1 on any error."""
         from .inventory import parse_extra_vars
         from .preflight import preflight
         t0 = time.perf_counter()
         try:
-            reports = preflight(inventory, limit, parse_extra_vars(extra_vars))
+            if hosts:
+                from .hostfacts import preflight_hosts
+                reports = preflight_hosts(inventory, limit, parse_extra_vars(extra_vars))
+            else:
+                reports = preflight(inventory, limit, parse_extra_vars(extra_vars))
         except SpecdeployError as exc:
             for p in exc.problems:
                 print(p.line(), file=sys.stderr)
