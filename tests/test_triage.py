@@ -240,6 +240,22 @@ def test_readme_examples_are_the_real_output(repo):
             assert any(out.startswith(head) for out in r.stdout.splitlines()), (name, line)
 
 
+def test_a_journal_across_restarts_is_triaged_by_its_latest_run():
+    old = ["Started specdeploy-vllm.service - vLLM.", ("(APIServer pid=7) INFO 02-20 10:00:00 [api_server.py:1] vLLM API "
+           "server version 0.16.0"), "Traceback (most recent call last):", '  File "/x/api_server.py", line 5, in run',
+           "OSError: [Errno 98] Address already in use"]
+    new = ["Started specdeploy-vllm.service - vLLM.", ("(APIServer pid=9) INFO 02-21 10:00:00 [api_server.py:1] vLLM API "
+           "server version 0.16.0")] + crash_log("0.16.0", "/m", 3, 2).splitlines()
+    assert triage_lines(old + new).signature == "kimi-image-token-index"
+    # the latest run shows nothing yet (still loading): the previous run's ending is the answer
+    assert triage_lines(old + new + ["Started specdeploy-vllm.service - vLLM.", "Loading weights 10%"]).signature \
+        == "kimi-image-token-index"
+    stopped = ["Stopping specdeploy-vllm.service - vLLM...", "INFO:     Shutting down",
+               "specdeploy-vllm.service: Deactivated successfully."]
+    assert triage_lines(old + new + stopped).outcome == "failed"  # the stop belongs to the failed run's unit
+    assert triage_lines(old + new + ["Started specdeploy-vllm.service - vLLM."] + stopped).outcome == "clean-shutdown"
+
+
 # ------------------------------------------------------------------------------------------------ our own logs
 @pytest.mark.parametrize("log,sig,needle", [
     ("vllm-image-token.log", "kimi-image-token-index", "image_token_index"),

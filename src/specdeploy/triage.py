@@ -420,9 +420,28 @@ def _timeout_sig(e: _Ev):
              "that failed or hung (its own error or its last log line), and rerun with NCCL_DEBUG=WARN."))
 
 
+# where an engine (re)starts: a unit's journal holds every earlier run, and only the latest that ended says why
+RUN_START = re.compile(r"^(?:Started|Starting) [\w@.\-]+\.service\b|vLLM API server version|"
+                       r"specdeploy engine simulator:|server_args=ServerArgs\(")
+
+
 def triage_lines(lines, kernel=None) -> Triage:
-    """Triage engine log lines; ``kernel`` are kernel-log (dmesg / journalctl -k) lines, evidence for OOM kills."""
+    """Triage engine log lines; ``kernel`` are kernel-log (dmesg / journalctl -k) lines, evidence for OOM kills.
+
+    A log with several engine starts (a unit's journal across restarts and deploys) is triaged run by run from the
+    latest: the answer is the latest run that shows how it ended; earlier runs never shadow it."""
     recs = normalise(lines)
+    starts = [i for i, r in enumerate(recs) if RUN_START.search(r.text)]
+    cuts = [0] + [i for i in starts if i > 0]
+    res = None
+    for a, b in reversed(list(zip(cuts, cuts[1:] + [len(recs)]))):
+        res = _triage(recs[a:b], kernel)
+        if res.outcome != "no-exception-found":
+            return res
+    return res if res is not None else _triage([], kernel)
+
+
+def _triage(recs: list[Record], kernel) -> Triage:
     evs = _evidence(recs)
     excs = [e for e in evs if e.kind == "exception"]
     shut_excs = [e for e in excs if SHUTDOWN_EXC.match(e.text)]
