@@ -201,6 +201,18 @@ def test_silent_kill_is_named_and_the_kernel_log_is_its_evidence():
     assert any("Killed process 4100" in e["text"] for e in res.evidence)
 
 
+@pytest.mark.parametrize("line,needle", [
+    ("OSError: [Errno 28] No space left on device", "HF_HOME"),
+    (("OSError: /models/kimi does not appear to have a file named config.json. Checkout 'https://huggingface.co/"
+     "/models/kimi/tree/None' for available files."), "specdeploy preflight"),
+    (("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, "
+     "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5"), "NCCL_DEBUG=WARN"),
+])
+def test_unknown_failures_say_where_to_look(line, needle):
+    res = triage_lines(["Traceback (most recent call last):", '  File "/x/y.py", line 1, in f', line])
+    assert res.signature is None and res.root_cause == line and needle in res.next_step
+
+
 @pytest.mark.parametrize("lines,outcome,signature,needle", [
     (["vllm-1  | INFO 01-01 00:00:00 [x.py:1] Loading weights", "vllm-1 exited with code 137"], "killed", None,
      "SIGKILL"),

@@ -361,6 +361,16 @@ HINTS = [
     (re.compile(r"(?i)gloo|Connection closed by peer|TCPStore|timed out waiting .*ms for"),
      ("The distributed rendezvous broke: check that every rank/node can reach the others (dist-init address, "
      "firewall, GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME) and that no rank died first.")),
+    (re.compile(r"(?i)No space left on device"),
+     ("A disk filled up (model cache, torch.compile / Triton caches, /dev/shm or /tmp): free space or move the cache "
+     "(HF_HOME, VLLM_CACHE_ROOT, TRITON_CACHE_DIR) to a larger disk.")),
+    (re.compile(r"(?i)does not appear to have a file named|not a valid model identifier|Repository Not Found|"
+                r"401 Client Error|gated repo|HFValidationError|Repo id must|No such file or directory.*(?:config|"
+                r"safetensors|tokenizer)"),
+     ("The model (or drafter) path or Hugging Face id does not resolve on this host: check the path exists on every "
+     "host (`specdeploy preflight`), or the HF token for gated repos.")),
+    (re.compile(r"(?i)Permission denied"),
+     "The engine's user cannot read or write a path: check ownership of the model, cache and log directories."),
     (re.compile(r"(?i)operation not permitted when stream is capturing"),
      ("A kernel is not capturable in a CUDA graph with this combination (often torch.compile): disable one of them "
      "(--disable-cuda-graph / drop --enable-torch-compile) to confirm.")),
