@@ -79,3 +79,37 @@ def test_bad_input_is_a_clean_error(case, tmp_path):
     assert "Traceback" not in r.stderr + r.stdout
     assert all(w in r.stderr for w in want), r.stderr
     assert len(r.stderr.splitlines()) <= 3, r.stderr
+
+
+MODEL = str(REPO / "examples/models/kimi-k2.5-int4")
+
+
+@pytest.mark.parametrize("args, want", [
+    (["gate", "--url", "http://127.0.0.1:1", "--baseline", "{binary}"], ["--baseline", "not UTF-8"]),
+    (["gate", "--url", "http://127.0.0.1:1", "--baseline", "{wrong_shape}"], ["--baseline", "not a gate report"]),
+    (["gate", "--url", "http://127.0.0.1:1", "--api-key-file", "/nonexistent/key"], ["--api-key-file"]),
+    (["gate", "--url", "notaurl"], ["--url", "not an http(s) URL"]),
+    (["exporter", "--engine", "vllm", "--engine-url", "http://127.0.0.1:1", "--listen", "127.0.0.1:99999"],
+     ["--listen", "outside 1-65535"]),
+    (["exporter", "--engine", "vllm", "--engine-url", "http://127.0.0.1:1", "--listen", "256.1.1.1:9450"],
+     ["--listen", "not an IP address"]),
+    (["exporter", "--engine", "vllm", "--engine-url", "http://127.0.0.1:1", "--listen", "192.0.2.1:9450"],
+     ["--listen", "cannot listen on 192.0.2.1:9450"]),
+    (["nccl", "tune", "--model", "/nonexistent/model"], ["--model", "does not exist"]),
+    (["nccl", "tune", "--model", "{binary}"], ["--model", "not UTF-8"]),
+    (["nccl", "topo", "--matrix", "/nonexistent/topo.txt"], ["--matrix", "does not exist"]),
+    (["nccl", "topo", "--matrix", "{binary}"], ["--matrix", "not UTF-8"]),
+    (["simulate", "--engine", "vllm", "--version", "0.16.0", "--", "vllm", "serve", MODEL,
+      "--speculative-config", "{bad"], ["simulate"]),
+    (["simulate", "--engine", "vllm", "--version", "0.16.0", "--", "vllm", "serve", MODEL, "--port", "99999"],
+     ["simulate"]),
+])
+def test_command_values_are_checked(args, want, tmp_path):
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(bytes(range(128, 256)) * 4)
+    wrong = tmp_path / "report.json"
+    wrong.write_text('{"levels_by_concurrency": 5}')
+    r = cli(*[a.replace("{binary}", str(binary)).replace("{wrong_shape}", str(wrong)) for a in args])
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
+    assert all(w in r.stderr for w in want), r.stderr

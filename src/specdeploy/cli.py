@@ -147,6 +147,10 @@ def simulate_cmd(ctx: typer.Context, engine: str = typer.Option(..., "--engine")
     except UnsupportedVersion as exc:
         print(f"ERROR {exc}", file=sys.stderr)
         raise typer.Exit(2)
+    except (ValueError, OSError, OverflowError) as exc:  # bad JSON in a flag value, a bad port, a busy address
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"ERROR simulate: {msg} Fix: check the engine flags after --", file=sys.stderr)
+        raise typer.Exit(2) from None
     raise typer.Exit(code)
 
 
@@ -162,11 +166,19 @@ def exporter_cmd(engine: str = typer.Option(..., "--engine"), engine_url: str = 
     if engine not in ("vllm", "sglang"):
         print(f"ERROR --engine: unknown engine '{engine}' Fix: use vllm or sglang", file=sys.stderr)
         raise typer.Exit(2)
-    if ":" not in listen or not listen.rpartition(":")[2].isdigit():
-        print(f"ERROR --listen: '{listen}' is not ADDR:PORT", file=sys.stderr)
-        raise typer.Exit(2)
+    from .argcheck import http_url, listen_address
+    try:
+        listen_address(listen, "--listen")
+        http_url(engine_url, "--engine-url")
+    except SpecdeployError as exc:
+        _fail(exc)
     kv = dict(x.split("=", 1) for x in info or [] if "=" in x)
-    serve(engine, engine_url, listen, window, kv, gate_file)
+    try:
+        serve(engine, engine_url, listen, window, kv, gate_file)
+    except OSError as exc:
+        print(f"ERROR --listen: cannot listen on {listen}: {exc.strerror or exc} "
+              "Fix: choose a free port and an address of this host", file=sys.stderr)
+        raise typer.Exit(2) from None
     print(f"exporting {engine} spec-decode metrics from {engine_url} on {listen}", flush=True)
     while True:
         _t.sleep(3600)

@@ -17,8 +17,17 @@ def _die(msg: str):
 
 
 def _hidden_from_config(path: Path) -> int:
-    cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
-    return int(cfg.get("text_config", cfg)["hidden_size"])
+    from .argcheck import read_json_object
+    from .errors import SpecdeployError
+    try:
+        cfg = read_json_object(path / "config.json" if path.is_dir() else path, "--model",
+                               "a model directory with a config.json")
+        return int(cfg.get("text_config", cfg)["hidden_size"])
+    except SpecdeployError as exc:
+        _die(exc.problems[0].line().removeprefix("ERROR "))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        _die(f"--model: {path} has no integer hidden_size (nor text_config.hidden_size). Fix: give the model "
+             "directory, or --hidden N")
 
 
 @nccl_app.command("tune")
@@ -188,21 +197,26 @@ def topo_cmd(matrix: Path = typer.Option(None, "--matrix", help="Saved `nvidia-s
     import subprocess
     from .nccl.topo import explain, iommu_mode, parse_acs, parse_topo_matrix
 
-    def read(path, cmd):
+    def read(path, cmd, option):
         if path:
-            return path.read_text()
+            from .argcheck import read_text
+            from .errors import SpecdeployError
+            try:
+                return read_text(path, option, f"the saved output of `{' '.join(cmd)}`")
+            except SpecdeployError as exc:
+                _die(exc.problems[0].line().removeprefix("ERROR "))
         try:
             return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
         except (OSError, subprocess.SubprocessError):
             return ""
-    text = read(matrix, ["nvidia-smi", "topo", "-m"])
+    text = read(matrix, ["nvidia-smi", "topo", "-m"], "--matrix")
     if not text.strip():
         _die("no `nvidia-smi topo -m` output (no GPU here?); give --matrix FILE")
     try:
         topo = parse_topo_matrix(text)
     except ValueError as exc:
         _die(str(exc))
-    acs = parse_acs(read(lspci, ["lspci", "-vvv"]))
-    cl = read(cmdline, ["cat", "/proc/cmdline"])
+    acs = parse_acs(read(lspci, ["lspci", "-vvv"], "--lspci"))
+    cl = read(cmdline, ["cat", "/proc/cmdline"], "--cmdline")
     for note in explain(topo, acs, iommu_mode(cl)):
         print("-", note)

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from .errors import SpecdeployError
+from .errors import Finding, SpecdeployError
 
 
 def register(app: typer.Typer):
@@ -148,13 +148,22 @@ def register(app: typer.Typer):
         except (ValueError, AssertionError):
             print(f"ERROR --concurrency: '{concurrency}' is not a list like 1,8,32", file=sys.stderr)
             raise typer.Exit(2)
-        base = None
-        if baseline:
-            if not baseline.is_file():
-                print(f"ERROR --baseline: {baseline} does not exist", file=sys.stderr)
-                raise typer.Exit(2)
-            base = json.loads(baseline.read_text())
-        key = api_key_file.read_text().strip() if api_key_file else None
+        from .argcheck import http_url, read_json_object, read_text
+        try:
+            url = http_url(url, "--url")
+            base = read_json_object(baseline, "--baseline", "a report.json written by `specdeploy gate`") \
+                if baseline else None
+            key = read_text(api_key_file, "--api-key-file", "a file holding the API key").strip() \
+                if api_key_file else None
+            if base is not None and not (isinstance(base.get("levels_by_concurrency"), dict)
+                                         and isinstance(base.get("levels", []), list)):
+                raise SpecdeployError([Finding("error", "--baseline", f"{baseline} is not a gate report "
+                                               "(no levels_by_concurrency)",
+                                               "give the report.json of a `specdeploy gate` run without speculation")])
+        except SpecdeployError as exc:
+            for p in exc.problems:
+                print(p.line(), file=sys.stderr)
+            raise typer.Exit(2) from None
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn()) as prog:
             task = prog.add_task("gate", total=len(levels))
