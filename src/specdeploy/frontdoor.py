@@ -268,8 +268,9 @@ class Run:
                     row.result = "unreachable"
                 if self.on_change:
                     self.on_change(self, host)
+            said = kind == "runner_on_ok" and str(d.get("task_action", "")).endswith("debug") and res.get("msg")
             self.log(event=kind, host=host, task=task, phase=row.phase, changed=bool(res.get("changed")),
-                     **({"msg": row.message} if kind != "runner_on_ok" else {}),
+                     **({"msg": row.message} if kind != "runner_on_ok" else {"msg": res["msg"]} if said else {}),
                      **({"triage": row.triage} if "inference_engine_triage" in facts else {}))
         return True
 

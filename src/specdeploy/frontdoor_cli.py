@@ -50,8 +50,9 @@ def _rows_table(run, title: str) -> Table:
 def _triage_panel(row) -> Panel:
     tr = row.triage or {}
     if tr:
-        body = "\n".join(f"[bold]{k:10s}[/] {tr.get(k) or '-'}" for k in
-                         ("root_cause", "location", "worker", "signature", "fix"))
+        body = "\n".join(f"[bold]{k:10s}[/] {tr.get(k)}" for k in
+                         ("outcome", "root_cause", "location", "worker", "signature", "confidence", "fix",
+                          "next_step") if tr.get(k) or k == "root_cause")
     else:
         body = f"[bold]task[/]    {row.failed_task}\n[bold]message[/] {row.message or '-'}"
     return Panel(body, title=f"triage: {row.host}", border_style="red")
