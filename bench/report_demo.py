@@ -35,7 +35,8 @@ def main():
             gate = tmp / f"{host}.json"
             gate.write_text(json.dumps({"verdict": "keep", "timestamp": time.time(), "levels": [
                 {"concurrency": 8, "speedup": speedup, "requests": 32, "errors": 0}]}))
-            procs.append(start_sim(engine, addr, ep, {"SPECDEPLOY_SIM_ACCEPTANCE": alpha, "SPECDEPLOY_SIM_STEP_MS": "8"}))
+            procs.append(start_sim(engine, addr, ep, {"SPECDEPLOY_SIM_ACCEPTANCE": alpha,
+                                                      "SPECDEPLOY_SIM_STEP_MS": "8"}))
             procs.append(start_exporter(engine, f"http://{addr}:{ep}", addr, xp, window=30, gate_file=gate,
                                         info=("spec_tokens=3",)))
             targets.append({"host": host, "address": addr, "engine": engine, "engine_port": ep, "exporter_port": xp})

@@ -159,7 +159,8 @@ class SpecCollector:
                 al.add_metric([], 1 + a / d)
                 for p in sorted(last.per_pos, key=lambda x: int(x) if x.isdigit() else 0):
                     pos.add_metric([p], (last.per_pos[p] - first.per_pos.get(p, 0.0)) / d)
-            for name, v in (("specdeploy_spec_drafts", last.drafts), ("specdeploy_spec_draft_tokens", last.draft_tokens),
+            for name, v in (("specdeploy_spec_drafts", last.drafts),
+                            ("specdeploy_spec_draft_tokens", last.draft_tokens),
                             ("specdeploy_spec_accepted_tokens", last.accepted)):
                 yield CounterMetricFamily(name, help_of(name), value=v)
         elif self.engine == "sglang":

@@ -149,7 +149,7 @@ def _status_table(st: dict) -> Table:
 
 def register(app: typer.Typer):
     inv_opt = typer.Option(..., "-i", "--inventory", help="Ansible inventory directory or file.")
-    for action, doc in (("deploy", "Provision, build, deploy (+gate) and verify through Ansible, one live row per host."),
+    for action, doc in (("deploy", "Provision, build, deploy (+gate) and verify through Ansible, one row per host."),
                         ("rollback", "Roll every host back to its previous release."),
                         ("verify", "Check every engine answers a real generation.")):
         def cmd(inventory: str = inv_opt, limit: Optional[str] = typer.Option(None, "--limit"),

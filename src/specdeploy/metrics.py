@@ -38,12 +38,16 @@ def q_tokens_per_s(r: str) -> str:
     return _both("sum by (host) (rate({e}:generation_tokens_total[%s]))" % r)
 
 
+def _quantile(quantile: float, histogram: str, r: str) -> str:
+    return _both(f"histogram_quantile({quantile}, sum by (host, le) (rate({{e}}:{histogram}_bucket[{r}])))")
+
+
 def q_ttft(quantile: float, r: str) -> str:
-    return _both(f"histogram_quantile({quantile}, sum by (host, le) (rate({{e}}:time_to_first_token_seconds_bucket[{r}])))")
+    return _quantile(quantile, "time_to_first_token_seconds", r)
 
 
 def q_itl(quantile: float, r: str) -> str:
-    return _both(f"histogram_quantile({quantile}, sum by (host, le) (rate({{e}}:inter_token_latency_seconds_bucket[{r}])))")
+    return _quantile(quantile, "inter_token_latency_seconds", r)
 
 
 def q_itl_mean(r: str) -> str:
