@@ -1,22 +1,28 @@
 # SGLang engine image at the pinned version. No SGLang patches are needed for 0.5.10+ (Kimi-K2.5 EAGLE-3
 # support is upstream); the patch step still runs so the image records its status like the vLLM one.
+# Built like docker/vllm.Dockerfile (same context and build arguments).
 ARG SGLANG_VERSION=0.5.23
-FROM lmsysorg/sglang:v${SGLANG_VERSION}
+ARG BASE_IMAGE=lmsysorg/sglang:v${SGLANG_VERSION}
+FROM ${BASE_IMAGE}
 ARG SGLANG_VERSION
 ARG PATCH_SET=none
+ARG OFFLINE=0
+ARG SPECDEPLOY_SOURCE=unknown
+ENV PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
-COPY pyproject.toml README.md /opt/specdeploy-src/
-COPY src /opt/specdeploy-src/src
-COPY templates /opt/specdeploy-src/templates
-RUN python3 -m pip install --no-cache-dir --no-deps /opt/specdeploy-src \
- && python3 -m pip install --no-cache-dir "typer>=0.12" "rich>=13" "prometheus-client>=0.20"
+COPY wheelhouse /opt/specdeploy-wheels
+RUN if [ "$OFFLINE" = 1 ]; then NI=--no-index; REQ="-r /opt/specdeploy-wheels/requirements-host.txt"; \
+    else NI=; REQ="typer>=0.12 rich>=13 prometheus-client>=0.20"; fi \
+ && python3 -m pip install -q --no-cache-dir $NI --find-links /opt/specdeploy-wheels --no-deps specdeploy \
+ && python3 -m pip install -q --no-cache-dir $NI --find-links /opt/specdeploy-wheels $REQ
 
-RUN SITE="$(python3 -c 'import os, sglang; print(os.path.dirname(os.path.dirname(sglang.__file__)))')" \
+RUN SITE="$(python3 -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("sglang").submodule_search_locations[0]))')" \
  && python3 -m specdeploy.cli patch apply --engine sglang --root "$SITE"
 
 LABEL org.opencontainers.image.title="specdeploy SGLang engine" \
       io.specdeploy.engine="sglang" \
       io.specdeploy.engine-version="${SGLANG_VERSION}" \
-      io.specdeploy.patch-set="${PATCH_SET}"
+      io.specdeploy.patch-set="${PATCH_SET}" \
+      io.specdeploy.source="${SPECDEPLOY_SOURCE}"
 
 ENTRYPOINT ["python3", "-m", "sglang.launch_server"]

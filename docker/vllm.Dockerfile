@@ -1,31 +1,42 @@
 # vLLM engine image: the official OpenAI server image at the pinned version, with the patch set that version
-# needs (none from 0.18.0). Build (the engine_image role does this):
-#   docker build -f docker/vllm.Dockerfile --build-arg VLLM_VERSION=0.16.0 \
-#     --build-arg PATCH_SET=$(specdeploy engine image --engine vllm --version 0.16.0 --field patch_set) \
-#     -t $(specdeploy engine image --engine vllm --version 0.16.0 --field tag) .
+# needs (none from 0.18.0). The engine_image role builds it on the host from a context holding this directory
+# and the specdeploy wheelhouse (wheelhouse/); `specdeploy engine image --engine vllm --version 0.16.0` prints
+# the tag and the build arguments. BASE_IMAGE is the official image in production; the sandbox passes a local
+# stand-in (docker/sandbox-engine.Dockerfile) because it cannot reach Docker Hub.
 ARG VLLM_VERSION=0.16.0
-FROM vllm/vllm-openai:v${VLLM_VERSION}
+ARG BASE_IMAGE=vllm/vllm-openai:v${VLLM_VERSION}
+FROM ${BASE_IMAGE}
 ARG VLLM_VERSION
 ARG PATCH_SET=none
+# OFFLINE=1: install from the wheelhouse alone (a build host without a package index, such as the sandbox).
+ARG OFFLINE=0
+# IMPORT_CHECK=1: import the patched modules (needs the image's torch); 0 byte-compiles them only.
+ARG IMPORT_CHECK=1
+ARG SPECDEPLOY_SOURCE=unknown
+ENV PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
-COPY pyproject.toml README.md /opt/specdeploy-src/
-COPY src /opt/specdeploy-src/src
-COPY templates /opt/specdeploy-src/templates
-# specdeploy's patch and exporter commands need only these; --no-deps keeps the image's own pins intact.
-RUN python3 -m pip install --no-cache-dir --no-deps /opt/specdeploy-src \
- && python3 -m pip install --no-cache-dir "typer>=0.12" "rich>=13" "prometheus-client>=0.20"
+COPY wheelhouse /opt/specdeploy-wheels
+# specdeploy's patch and exporter commands need only typer, rich and prometheus-client; --no-deps keeps the
+# image's own pins intact. Offline, the wheelhouse's host requirements are installed instead.
+RUN if [ "$OFFLINE" = 1 ]; then NI=--no-index; REQ="-r /opt/specdeploy-wheels/requirements-host.txt"; \
+    else NI=; REQ="typer>=0.12 rich>=13 prometheus-client>=0.20"; fi \
+ && python3 -m pip install -q --no-cache-dir $NI --find-links /opt/specdeploy-wheels --no-deps specdeploy \
+ && python3 -m pip install -q --no-cache-dir $NI --find-links /opt/specdeploy-wheels $REQ
 
 # Patch the installed vllm package in site-packages, then fail the build unless every patch is
 # applied or already upstream.
-RUN SITE="$(python3 -c 'import os, vllm; print(os.path.dirname(os.path.dirname(vllm.__file__)))')" \
+RUN SITE="$(python3 -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("vllm").submodule_search_locations[0]))')" \
  && python3 -m specdeploy.cli patch apply --engine vllm --root "$SITE" \
  && python3 -m specdeploy.cli patch status --engine vllm --root "$SITE" --json > /opt/specdeploy-patch-status.json \
  && ! grep -q '"needed"\|"drift"' /opt/specdeploy-patch-status.json \
- && python3 -c "import vllm.model_executor.models.deepseek_v2, vllm.config.speculative"
+ && python3 -m compileall -q "$SITE/vllm/model_executor/models" "$SITE/vllm/config" "$SITE/vllm/v1/spec_decode" \
+ && if [ "$IMPORT_CHECK" = 1 ]; then \
+      python3 -c "import vllm.model_executor.models.deepseek_v2, vllm.config.speculative"; fi
 
 LABEL org.opencontainers.image.title="specdeploy vLLM engine" \
       io.specdeploy.engine="vllm" \
       io.specdeploy.engine-version="${VLLM_VERSION}" \
-      io.specdeploy.patch-set="${PATCH_SET}"
+      io.specdeploy.patch-set="${PATCH_SET}" \
+      io.specdeploy.source="${SPECDEPLOY_SOURCE}"
 
 ENTRYPOINT ["vllm", "serve"]

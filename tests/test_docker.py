@@ -1,7 +1,14 @@
-"""Static checks of the Dockerfiles (no Docker engine runs on these machines)."""
+"""The Docker runtime without a Docker engine: Dockerfiles, build plans, the rendered `docker run`, the env file
+as docker reads it, GPU flags per hardware profile, the wheelhouse for the hosts' Python, and fail-fast
+readiness. The images are built and run for real in the sandbox (tests/test_sandbox_e2e.py)."""
 import re
+import subprocess
+import sys
+import zipfile
 
-from specdeploy.images import image_tag
+import pytest
+
+from specdeploy.images import build_plan, image_tag
 from specdeploy.patches import patch_set_id
 
 
@@ -19,32 +26,44 @@ def parse(path):
     return out
 
 
-def test_vllm_dockerfile_pins_patches_and_labels(repo):
-    steps = parse(repo / "docker/vllm.Dockerfile")
-    args = [a for i, a in steps if i == "ARG"]
-    assert "VLLM_VERSION=0.16.0" in args
-    frm = [a for i, a in steps if i == "FROM"]
-    assert frm == ["vllm/vllm-openai:v${VLLM_VERSION}"]
-    runs = " ".join(a for i, a in steps if i == "RUN")
-    assert "patch apply --engine vllm --root \"$SITE\"" in runs
-    assert "grep -q '\"needed\"\\|\"drift\"'" in runs  # the build fails on an incomplete patch set
-    labels = " ".join(a for i, a in steps if i == "LABEL")
-    for key in ("io.specdeploy.engine=\"vllm\"", "io.specdeploy.engine-version=\"${VLLM_VERSION}\"",
-                "io.specdeploy.patch-set=\"${PATCH_SET}\""):
-        assert key in labels
-    # ARG before FROM is re-declared after it so LABEL can use it
+@pytest.mark.parametrize("engine,official", [("vllm", "vllm/vllm-openai:v${VLLM_VERSION}"),
+                                             ("sglang", "lmsysorg/sglang:v${SGLANG_VERSION}")])
+def test_engine_dockerfiles_build_from_a_base_argument(repo, engine, official):
+    steps = parse(repo / f"docker/{engine}.Dockerfile")
     from_idx = next(k for k, (i, _) in enumerate(steps) if i == "FROM")
-    assert any(i == "ARG" and a == "VLLM_VERSION" for i, a in steps[from_idx:])
+    before = [a for i, a in steps[:from_idx] if i == "ARG"]
+    assert f"BASE_IMAGE={official}" in before  # production default: the official image
+    assert steps[from_idx] == ("FROM", "${BASE_IMAGE}")
+    after = [a for i, a in steps[from_idx:] if i == "ARG"]
+    for a in ("PATCH_SET=none", "OFFLINE=0", "SPECDEPLOY_SOURCE=unknown"):
+        assert a in after
+    runs = " ".join(a for i, a in steps if i == "RUN")
+    assert f'patch apply --engine {engine} --root "$SITE"' in runs
+    assert "--no-index" in runs and "--find-links /opt/specdeploy-wheels" in runs
+    labels = " ".join(a for i, a in steps if i == "LABEL")
+    for key in (f'io.specdeploy.engine="{engine}"', 'io.specdeploy.patch-set="${PATCH_SET}"',
+                'io.specdeploy.source="${SPECDEPLOY_SOURCE}"'):
+        assert key in labels
 
 
-def test_sglang_and_exporter_dockerfiles(repo):
-    s = parse(repo / "docker/sglang.Dockerfile")
-    assert [a for i, a in s if i == "FROM"] == ["lmsysorg/sglang:v${SGLANG_VERSION}"]
-    assert "SGLANG_VERSION=0.5.23" in [a for i, a in s if i == "ARG"]
-    assert any("io.specdeploy.engine-version" in a for i, a in s if i == "LABEL")
-    e = parse(repo / "docker/exporter.Dockerfile")
-    assert ("ENTRYPOINT", '["specdeploy", "exporter"]') in e
-    assert any(i == "USER" for i, _ in e)
+def test_vllm_dockerfile_fails_on_an_incomplete_patch_set(repo):
+    runs = " ".join(a for i, a in parse(repo / "docker/vllm.Dockerfile") if i == "RUN")
+    assert "grep -q '\"needed\"\\|\"drift\"'" in runs
+    assert 'if [ "$IMPORT_CHECK" = 1 ]' in runs and "compileall" in runs
+
+
+def test_build_plan_production_and_sandbox():
+    prod = build_plan("vllm", "0.16.0")
+    assert prod["build_args"]["BASE_IMAGE"] == "vllm/vllm-openai:v0.16.0" and prod["sandbox"] is None
+    assert "OFFLINE" not in prod["build_args"] and prod["tag"] == image_tag("vllm", "0.16.0")
+    sb = build_plan("vllm", "0.16.0", sandbox=True, source="abc")
+    assert sb["tag"] == prod["tag"]  # the same image name, built from the stand-in
+    assert sb["build_args"] | {"BASE_IMAGE": None} == {"VLLM_VERSION": "0.16.0", "PATCH_SET": prod["patch_set"],
+                                                       "BASE_IMAGE": None, "SPECDEPLOY_SOURCE": "abc",
+                                                       "OFFLINE": "1", "IMPORT_CHECK": "0"}
+    assert sb["build_args"]["BASE_IMAGE"] == sb["sandbox"]["tag"] == "specdeploy-sandbox/vllm-openai:v0.16.0"
+    sg = build_plan("sglang", "0.5.23", sandbox=True)
+    assert sg["dockerfile"] == "docker/sglang.Dockerfile" and "IMPORT_CHECK" not in sg["build_args"]
 
 
 def test_image_tags_carry_version_and_patch_hash():
@@ -53,3 +72,108 @@ def test_image_tags_carry_version_and_patch_hash():
     assert image_tag("vllm", "0.17.1").endswith(patch_set_id("vllm", "0.17.1"))
     assert image_tag("vllm", "0.18.0") == "specdeploy/vllm:0.18.0-none"
     assert image_tag("vllm", "0.16.0", "none") == "specdeploy/vllm:0.16.0-none"
+
+
+def _hv(**over):
+    from specdeploy.schema import validate_host
+    v = {"specdeploy_engine": "vllm", "specdeploy_engine_version": "0.16.0", "specdeploy_hardware": "h200_nvl8",
+         "specdeploy_model_path": "/models/m", "specdeploy_spec_enabled": True,
+         "specdeploy_drafter_path": "/models/d"}
+    v.update(over)
+    return validate_host("h", v)
+
+
+def _docker_run(argv):
+    """Parse the options of a rendered `docker run` into (flags, image, command)."""
+    i = argv.index("run") + 1
+    opts = []
+    while argv[i].startswith("-"):
+        if argv[i] == "--rm":
+            opts.append((argv[i], None))
+            i += 1
+        else:
+            opts.append((argv[i], argv[i + 1]))
+            i += 2
+    return opts, argv[i], argv[i + 1:]
+
+
+def test_gpu_flags_follow_the_hardware_profile():
+    from specdeploy.render import render_host
+    gpu = render_host("h", _hv())
+    opts, image, _ = _docker_run(re.search(r"^ExecStart=(.*)$", gpu.files["/etc/systemd/system/specdeploy-vllm.service"],
+                                           re.M).group(1).replace('"', "").split())
+    assert ("--gpus", "all") in opts and image == gpu.image
+    none = render_host("h", _hv(specdeploy_sandbox=True))  # a host without GPUs
+    unit = none.files["/etc/systemd/system/specdeploy-vllm.service"]
+    assert "/usr/bin/docker run" in unit and "--gpus" not in unit
+    assert none.image == gpu.image  # the sandbox runs the same image name, built on the host
+
+
+def test_nccl_tuning_container_is_the_engine_container():
+    """Same image, GPUs, IPC, ulimits and read-only model/drafter mounts as the engine unit."""
+    from specdeploy.render import engine_command, exec_argv, tool_container
+    hv = _hv()
+    _, cmd = engine_command(hv)
+    e_opts, e_image, _ = _docker_run(exec_argv(hv, cmd.argv, "img:1"))
+    t = tool_container(hv, "specdeploy-nccl-tune", ["nccl", "tune", "--gpus", "8"], ("/var/lib/specdeploy/nccl",))
+    t_opts, t_image, t_cmd = _docker_run(t["argv"])
+    assert e_image == "img:1" and t_image.startswith("specdeploy/vllm:0.16.0-p")
+    same = lambda opts: {o for o in opts if o[0] in ("--gpus", "--ipc", "--network", "--ulimit")}  # noqa: E731
+    assert same(t_opts) == same(e_opts) and ("--gpus", "all") in t_opts
+    vols = {v for k, v in t_opts if k == "-v"}
+    assert {"/models/m:/models/m:ro", "/var/lib/specdeploy/drafter/vllm:/var/lib/specdeploy/drafter/vllm:ro",
+            "/var/lib/specdeploy/nccl:/var/lib/specdeploy/nccl"} <= vols
+    assert t_cmd == ["-m", "specdeploy.cli", "nccl", "tune", "--gpus", "8"]
+    p = t["params"]  # the same container for community.docker.docker_container
+    assert p["image"] == t_image and sorted(p["volumes"]) == sorted(vols)
+    assert p["device_requests"][0]["count"] == -1 and p["ulimits"] == ["memlock:-1:-1", "stack:67108864:67108864"]
+    venv = tool_container(_hv(specdeploy_runtime="venv"), "x", ["nccl", "tune"])
+    assert venv["argv"] == ["/opt/specdeploy/venv/bin/specdeploy", "nccl", "tune"]
+
+
+ENV = {"TORCH_CUDA_ARCH_LIST": "9.0 10.0", "QUOTED": 'say "hi"', "BACKSLASH": "a\\b", "EQ": "a=b", "EMPTY": "",
+       "DOLLAR": "$HOME"}
+
+
+def test_env_file_reads_the_same_in_its_consumer():
+    from specdeploy.render import parse_env_file, render_host
+    docker = render_host("h", _hv(specdeploy_engine_env=ENV)).files["/etc/specdeploy/specdeploy-vllm.env"]
+    got = parse_env_file(docker, "docker")
+    assert {k: got[k] for k in ENV} == ENV  # docker keeps quotes: the values are written verbatim
+    assert 'TORCH_CUDA_ARCH_LIST="' not in docker
+    venv = render_host("h", _hv(specdeploy_engine_env=ENV, specdeploy_runtime="venv"))
+    text = venv.files["/etc/specdeploy/specdeploy-vllm.env"]
+    unit = venv.files["/etc/systemd/system/specdeploy-vllm.service"]
+    assert "EnvironmentFile=/etc/specdeploy/specdeploy-vllm.env" in unit
+    got = parse_env_file(text, "systemd")
+    assert {k: got[k] for k in ENV} == ENV
+    with pytest.raises(ValueError, match="newline"):
+        render_host("h", _hv(specdeploy_engine_env={"X": "a\nb"}))
+
+
+def test_wheelhouse_targets_the_hosts_python(tmp_path):
+    from specdeploy.wheelhouse import TargetError, target_args
+    args = target_args("3.12:x86_64:2.36")
+    assert args[args.index("--python-version") + 1] == "3.12" and "cp312" in args
+    plats = [args[i + 1] for i, a in enumerate(args) if a == "--platform"]
+    assert "manylinux_2_36_x86_64" in plats and "manylinux_2_17_x86_64" in plats
+    assert "manylinux_2_37_x86_64" not in plats
+    with pytest.raises(TargetError):
+        target_args("python3.12")
+    # pip really fetches a binary wheel for another interpreter than the controller's
+    other = "3.12" if sys.version_info[:2] != (3, 12) else "3.11"
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(tmp_path), "--only-binary=:all:",
+                        *target_args(f"{other}:x86_64:2.36"), "pyyaml==6.0.2"], capture_output=True, text=True)
+    if r.returncode != 0 and "Could not fetch" in r.stderr + r.stdout:
+        pytest.skip("package index unreachable")
+    assert r.returncode == 0, r.stderr
+    (whl,) = tmp_path.glob("*.whl")
+    assert f"cp{other.replace('.', '')}" in whl.name and "manylinux" in whl.name
+    with zipfile.ZipFile(whl) as z:
+        assert any(n.endswith(".so") for n in z.namelist())
+
+
+def test_wheelhouse_cli_rejects_a_bad_target(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "wheelhouse", "--out", str(tmp_path),
+                        "--target", "3.11-x86_64"], capture_output=True, text=True)
+    assert r.returncode == 2 and "ERROR --target" in r.stderr and "Traceback" not in r.stderr

@@ -22,12 +22,13 @@ def test_plan_renders_engine_unit_with_exec_and_nccl_env(repo, tmp_path):
     assert "--entrypoint vllm specdeploy/vllm:0.16.0-p" in exec_line
     assert "serve /models/kimi-k2.5-int4" in exec_line
     assert '"{\\"method\\":\\"eagle3\\",\\"model\\":\\"/var/lib/specdeploy/drafter/vllm\\",' in exec_line
-    assert "EnvironmentFile=/etc/specdeploy/specdeploy-vllm.env" in unit
+    # the env files are read by the container alone (docker --env-file), not by systemd as well
+    assert "--env-file /etc/specdeploy/specdeploy-vllm.env" in exec_line and "EnvironmentFile=" not in unit
     assert "NCCL_P2P_LEVEL=SYS" in env
     for line in ("TimeoutStartSec=infinity", "Restart=always", "LimitMEMLOCK=infinity"):
         assert line in unit
     # API key: env file (0600 on the host), never the command line
-    assert "EnvironmentFile=/etc/specdeploy/secrets/specdeploy-vllm.env" in unit
+    assert "--env-file /etc/specdeploy/secrets/specdeploy-vllm.env" in exec_line
     assert "api-key" not in exec_line and "VLLM_API_KEY" not in env
     scrape = yaml.safe_load(prom)
     jobs = {j["job_name"]: j for j in scrape["scrape_configs"]}

@@ -90,15 +90,19 @@ def specdeploy_grafana(prometheus_url, kind, path=""):
     return grafana_datasource(prometheus_url) if kind == "datasource" else grafana_dashboard_provider(path)
 
 
-def specdeploy_image(variables, host):
+def specdeploy_image(variables, host, source="unknown"):
+    """How to build the host's engine image (tag, Dockerfile, build args; the sandbox's stand-in base)."""
     _, hv = _validated(variables, host)
-    from specdeploy.images import image_tag, upstream_image
-    from specdeploy.patches import patch_set_id, required_patches
-    e, ver, mode = hv.specdeploy_engine, hv.specdeploy_engine_version, hv.specdeploy_engine_patches
-    return {"tag": hv.specdeploy_image or image_tag(e, ver, mode), "base": upstream_image(e, ver),
-            "patch_set": patch_set_id(e, ver, mode),
-            "patches": list(required_patches(e, ver)) if mode == "auto" else [],
-            "version_arg": "VLLM_VERSION" if e == "vllm" else "SGLANG_VERSION"}
+    from specdeploy.images import build_plan
+    return build_plan(hv.specdeploy_engine, hv.specdeploy_engine_version, hv.specdeploy_engine_patches,
+                      hv.specdeploy_sandbox, hv.specdeploy_image, str(source))
+
+
+def specdeploy_tool_container(variables, host, name, args, rw_mounts=()):
+    """A specdeploy command in the engine's environment (same image, GPUs, mounts, ulimits as the engine)."""
+    _, hv = _validated(variables, host)
+    from specdeploy.render import tool_container
+    return tool_container(hv, str(name), [str(a) for a in args], tuple(str(m) for m in rw_mounts))
 
 
 def specdeploy_router_unit(hostvars, hosts, router_port, venv):

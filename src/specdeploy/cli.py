@@ -135,6 +135,23 @@ def engine_image(engine: str = typer.Option(..., "--engine"), version: str = typ
         print(json.dumps(info, indent=2))
 
 
+@engine_app.command("standin")
+def engine_standin(engine: str = typer.Option(..., "--engine"), version: str = typer.Option(..., "--version"),
+                   out: Path = typer.Option(..., "--out")):
+    """Sandbox: build context of the local stand-in for the official engine image (real engine sources)."""
+    from .images import standin_context
+    from .upstream import UpstreamError
+    if engine not in ("vllm", "sglang"):
+        print(f"ERROR --engine: unknown engine '{engine}' Fix: use vllm or sglang", file=sys.stderr)
+        raise typer.Exit(2)
+    try:
+        print(standin_context(engine, version, out))
+    except (UpstreamError, OSError) as exc:
+        print(f"ERROR --version {version}: cannot get the {engine} sources: {exc} Fix: check the package index "
+              "is reachable from the controller", file=sys.stderr)
+        raise typer.Exit(2)
+
+
 @app.command("simulate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def simulate_cmd(ctx: typer.Context, engine: str = typer.Option(..., "--engine"),
                  version: str = typer.Option(..., "--version")):
@@ -152,6 +169,18 @@ def simulate_cmd(ctx: typer.Context, engine: str = typer.Option(..., "--engine")
         print(f"ERROR simulate: {msg} Fix: check the engine flags after --", file=sys.stderr)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
+
+
+@app.command("ready")
+def ready_cmd(unit: str = typer.Option(..., "--unit"), url: str = typer.Option(..., "--url"),
+              until: float = typer.Option(..., "--until", help="wall-clock deadline, epoch seconds"),
+              slice_s: float = typer.Option(30, "--slice", help="return 'waiting' (exit 3) after this many seconds"),
+              as_json: bool = typer.Option(False, "--json")):
+    """On the host: wait for the engine to be ready; exit 1 at once on a crash loop, or at the deadline."""
+    from .readiness import EXIT, wait
+    o = wait(unit, url, until, slice_s)
+    print(json.dumps(o.to_dict()) if as_json else f"{o.status}: {o.unit} after {o.elapsed_s:.0f} s: {o.detail}")
+    raise typer.Exit(EXIT[o.status])
 
 
 @app.command("exporter")
@@ -185,10 +214,16 @@ def exporter_cmd(engine: str = typer.Option(..., "--engine"), engine_url: str = 
 
 
 @app.command("wheelhouse")
-def wheelhouse_cmd(out: Path = typer.Option(..., "--out")):
-    """Build the wheelhouse hosts install specdeploy from (offline); prints its stamp."""
-    from .wheelhouse import build
-    print(build(out))
+def wheelhouse_cmd(out: Path = typer.Option(..., "--out"),
+                   target: Optional[str] = typer.Option(None, "--target",
+                                                        help="hosts' PY_VERSION:MACHINE:GLIBC, e.g. 3.11:x86_64:2.36")):
+    """Build the wheelhouse hosts install specdeploy from (offline), for the hosts' Python; prints its stamp."""
+    from .wheelhouse import TargetError, build
+    try:
+        print(build(out, target))
+    except TargetError as exc:
+        print(f"ERROR --target: {exc}", file=sys.stderr)
+        raise typer.Exit(2)
 
 
 @schema_app.command("docs")

@@ -41,9 +41,33 @@ def systemd_quote(arg: str) -> str:
 
 
 def _env_line(key: str, value: str) -> str:
+    """One line of a systemd ``EnvironmentFile=`` (which unquotes and unescapes)."""
     if re.fullmatch(r"[A-Za-z0-9_./:,=@+-]*", value):
         return f"{key}={value}"
     return f'{key}="' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _docker_env_line(key: str, value: str) -> str:
+    """One line of a ``docker run --env-file`` file: docker takes everything after the first ``=`` verbatim
+    (no quotes, no escapes), so a value is written as is and cannot hold a newline."""
+    if "\n" in value or "\r" in value:
+        raise ValueError(f"environment variable {key}: docker --env-file cannot carry a newline; "
+                         "remove it from specdeploy_engine_env")
+    return f"{key}={value}"
+
+
+def parse_env_file(text: str, consumer: str) -> dict[str, str]:
+    """Read an env file the way ``consumer`` (``systemd`` or ``docker``) does; used to check what we render."""
+    out = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, _, value = line.lstrip().partition("=")
+        if consumer == "systemd":
+            import shlex
+            value = "".join(shlex.split(value, posix=True)) if value else ""
+        out[key] = value
+    return out
 
 
 _env = None
@@ -57,6 +81,7 @@ def jinja_env() -> jinja2.Environment:
                                   trim_blocks=True, lstrip_blocks=True)
         _env.filters["systemd_quote"] = systemd_quote
         _env.filters["env_line"] = lambda kv: _env_line(*kv)
+        _env.filters["docker_env_line"] = lambda kv: _docker_env_line(*kv)
     return _env
 
 
@@ -115,35 +140,94 @@ def engine_command(hv: HostVars):
     return adapter, adapter.command(hv, converted_drafter_path(hv))
 
 
+def gpu_count(hv: HostVars) -> int:
+    """GPUs a container gets: the hardware profile's, none on a sandbox host (it has no GPUs)."""
+    return 0 if hv.specdeploy_sandbox else hv.profile().gpu_count
+
+
+ULIMITS = {"memlock": "-1", "stack": "67108864"}
+
+
+def container_spec(hv: HostVars, image: str, name: str, rw_mounts: tuple[str, ...] = ()) -> dict:
+    """What every container of this host's engine gets (the engine unit, NCCL tuning): image, GPUs, IPC,
+    network, ulimits and the read-only model and drafter mounts. One place, two renderings: ``docker run``
+    argv (:func:`docker_run_argv`) and community.docker.docker_container parameters (:func:`container_params`)."""
+    mounts = [(hv.specdeploy_model_path, True)]
+    drafter = converted_drafter_path(hv)
+    if drafter:
+        mounts.append((drafter, True))
+    mounts += [(m, False) for m in rw_mounts]
+    return {"name": name, "image": image, "gpus": gpu_count(hv), "ipc": "host", "network": "host",
+            "ulimits": dict(ULIMITS), "mounts": mounts}
+
+
+def docker_run_argv(spec: dict, env_files: list[str], entry: str, args: list[str],
+                    extra_volumes: list[str] = ()) -> list[str]:
+    run = ["/usr/bin/docker", "run", "--rm", "--name", spec["name"]]
+    if spec["gpus"]:
+        run += ["--gpus", "all"]
+    run += ["--ipc", spec["ipc"], "--network", spec["network"]]
+    for k, v in spec["ulimits"].items():
+        run += ["--ulimit", f"{k}={v}"]
+    for f in env_files:
+        run += ["--env-file", f]
+    for v in extra_volumes:
+        run += ["-v", v]
+    for path, ro in spec["mounts"]:
+        run += ["-v", f"{path}:{path}" + (":ro" if ro else "")]
+    return run + ["--entrypoint", entry, spec["image"]] + list(args)
+
+
+def container_params(spec: dict, entry: str, args: list[str], env: dict[str, str] | None = None) -> dict:
+    """The same container as :func:`docker_run_argv`, as community.docker.docker_container parameters."""
+    p = {"name": spec["name"], "image": spec["image"], "ipc_mode": spec["ipc"], "network_mode": spec["network"],
+         "ulimits": [f"{k}:{v}:{v}" for k, v in spec["ulimits"].items()],
+         "volumes": [f"{path}:{path}" + (":ro" if ro else "") for path, ro in spec["mounts"]],
+         "entrypoint": [entry], "command": list(args), "env": dict(env or {})}
+    if spec["gpus"]:
+        p["device_requests"] = [{"driver": "nvidia", "count": -1, "capabilities": [["gpu"]]}]
+    return p
+
+
 def exec_argv(hv: HostVars, argv: list[str], image: str | None) -> list[str]:
-    """Wrap the engine command for the runtime: docker run, the host venv, or the simulator (sandbox)."""
+    """Wrap the engine command for the runtime: docker run, or the host venv (the simulator's on a sandbox host)."""
     engine = hv.specdeploy_engine
-    if hv.specdeploy_sandbox:
-        # The sandbox has no GPUs: the engine simulator takes the same command line.
-        return [f"{hv.specdeploy_venv_path}/bin/specdeploy", "simulate", "--engine", engine,
-                "--version", hv.specdeploy_engine_version, "--"] + argv
     if hv.specdeploy_runtime == "venv":
+        if hv.specdeploy_sandbox:
+            # The sandbox has no GPUs: the engine simulator takes the same command line.
+            return [f"{hv.specdeploy_venv_path}/bin/specdeploy", "simulate", "--engine", engine,
+                    "--version", hv.specdeploy_engine_version, "--"] + argv
         if argv[0] == "python":
             return [f"{hv.specdeploy_venv_path}/bin/python"] + argv[1:]
         return [f"{hv.specdeploy_venv_path}/bin/{argv[0]}"] + argv[1:]
     name = f"specdeploy-{engine}"
-    mounts = [hv.specdeploy_model_path]
-    drafter = converted_drafter_path(hv)
-    if drafter:
-        mounts.append(drafter)
-    run = ["/usr/bin/docker", "run", "--rm", "--name", name, "--gpus", "all", "--ipc", "host",
-           "--network", "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
-           "--env-file", f"{CONFIG_DIR}/{name}.env"]
+    env_files = [f"{CONFIG_DIR}/{name}.env"]
     if hv.specdeploy_api_key_file and engine == "vllm":
-        run += ["--env-file", f"{CONFIG_DIR}/secrets/{name}.env"]
-    inner = list(argv)
+        env_files.append(f"{CONFIG_DIR}/secrets/{name}.env")
+    inner, volumes = list(argv), []
     if any(CRED_TOKEN in a for a in inner):
-        run += ["-v", f"{CRED_TOKEN}:/run/specdeploy-credentials:ro"]
+        volumes.append(f"{CRED_TOKEN}:/run/specdeploy-credentials:ro")
         inner = [a.replace(CRED_TOKEN, "/run/specdeploy-credentials") for a in inner]
-    for m in mounts:
-        run += ["-v", f"{m}:{m}:ro"]
-    entry = inner[0]
-    return run + ["--entrypoint", entry, image] + inner[1:]
+    return docker_run_argv(container_spec(hv, image, name), env_files, inner[0], inner[1:], volumes)
+
+
+def engine_image(hv: HostVars) -> str | None:
+    if hv.specdeploy_runtime != "docker":
+        return None
+    return hv.specdeploy_image or image_tag(hv.specdeploy_engine, hv.specdeploy_engine_version,
+                                            hv.specdeploy_engine_patches)
+
+
+def tool_container(hv: HostVars, name: str, args: list[str], rw_mounts: tuple[str, ...] = ()) -> dict:
+    """A specdeploy command (e.g. ``nccl tune``) in the engine's own environment: the engine image with the
+    engine unit's GPUs, IPC, ulimits and mounts (docker runtime), or the host venv."""
+    image = engine_image(hv)
+    if image is None:
+        return {"runtime": "venv", "argv": [f"{hv.specdeploy_venv_path}/bin/specdeploy"] + args}
+    spec = container_spec(hv, image, name, rw_mounts)
+    argv = docker_run_argv(spec, [], "python3", ["-m", "specdeploy.cli"] + args)
+    return {"runtime": "docker", "argv": argv, "params": container_params(spec, "python3",
+                                                                         ["-m", "specdeploy.cli"] + args)}
 
 
 def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan:
@@ -152,10 +236,7 @@ def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan
     env = dict(env_vars)
     env.update(cmd.env)
     env.update(hv.specdeploy_engine_env)
-    image = None
-    if hv.specdeploy_runtime == "docker" and not hv.specdeploy_sandbox:
-        image = hv.specdeploy_image or image_tag(hv.specdeploy_engine, hv.specdeploy_engine_version,
-                                                 hv.specdeploy_engine_patches)
+    image = engine_image(hv)
     unit = unit_name(hv.specdeploy_engine)
     name = unit.removesuffix(".service")
     execv = exec_argv(hv, cmd.argv, image)
@@ -166,15 +247,17 @@ def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan
                          if hv.specdeploy_api_key_file and cmd.secret_env else None),
         credential=(f"sglang-api-key.yaml:{CONFIG_DIR}/secrets/sglang-api-key.yaml"
                     if any(CRED_TOKEN in a for a in cmd.argv) else None),
-        docker=(hv.specdeploy_runtime == "docker" and not hv.specdeploy_sandbox),
+        docker=hv.specdeploy_runtime == "docker",
         user=SERVICE_USER, state_dir=STATE_DIR,
         start_timeout=hv.specdeploy_start_timeout,
     )
     j = jinja_env()
     files = {
         f"/etc/systemd/system/{unit}": j.get_template("engine.service.j2").render(**ctx),
+        # One reader per env file: the container (docker --env-file) or systemd (venv), each in its own syntax.
         ctx["env_file"]: j.get_template("engine.env.j2").render(env=sorted(env.items()), nccl_source=nccl_source,
-                                                                  host=host),
+                                                                  host=host, consumer="docker" if ctx["docker"]
+                                                                  else "systemd"),
         f"{CONFIG_DIR}/{name}.argv": " ".join(shlex.quote(a) for a in cmd.argv) + "\n",
     }
     exp_argv = [f"{hv.specdeploy_venv_path}/bin/specdeploy", "exporter", "--engine", hv.specdeploy_engine,
@@ -188,7 +271,7 @@ def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan
         exec_argv=exp_argv, engine_unit=unit, user=SERVICE_USER, state_dir=STATE_DIR)
     return HostPlan(
         host=host, engine=hv.specdeploy_engine, version=hv.specdeploy_engine_version,
-        runtime="simulator" if hv.specdeploy_sandbox else hv.specdeploy_runtime, tp=hv.tp,
+        runtime=hv.specdeploy_runtime + ("+simulator" if hv.specdeploy_sandbox else ""), tp=hv.tp,
         spec=hv.specdeploy_spec_enabled, nccl_source=nccl_source, engine_unit=unit,
         exporter_unit="specdeploy-exporter.service", argv=cmd.argv, env=env, image=image,
         drafter_path=converted_drafter_path(hv), files=files,

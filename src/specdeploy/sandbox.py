@@ -19,8 +19,16 @@ from .errors import Finding, SpecdeployError
 CACHE = Path(os.environ.get("SPECDEPLOY_SANDBOX_CACHE", "/var/cache/specdeploy"))
 STATE = Path(os.environ.get("SPECDEPLOY_SANDBOX_STATE", "/var/lib/specdeploy-sandbox"))
 MIRROR = os.environ.get("SPECDEPLOY_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "iproute2",
-            "ca-certificates", "rsync", "procps", "curl", "prometheus"]
+PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "python3-pip", "iproute2",
+            "ca-certificates", "rsync", "procps", "curl", "prometheus",
+            # the production runtime: dockerd, and `requests` for the community.docker modules
+            "docker.io", "python3-requests"]
+# dockerd inside an nspawn host: all capabilities, the keyring and bpf syscalls, and (see rootfs()) read-write
+# cgroup v1 controllers. /var/lib/docker is bound from the controller's disk: overlay2 cannot sit on overlayfs.
+NSPAWN_DOCKER = ["--capability=all", "--system-call-filter=@keyring bpf"]
+CGROUP_CONTROLLERS = ["cpuset", "cpu", "cpuacct", "blkio", "memory", "devices", "freezer", "pids"]
+BASE_IMAGE_IN_HOST = "/opt/specdeploy-sandbox/base-image.tar"
+ROOTFS_LAYOUT = "2"  # bump when rootfs() writes different files
 NSPAWN_RUNTIME = Path("/run/systemd/nspawn")
 NET_PREFIX = "10.231"
 
@@ -77,7 +85,7 @@ def rootfs(progress=None) -> Path:
     """The cached bookworm rootfs (debootstrap once, ~1-2 minutes; reused afterwards)."""
     root = CACHE / "rootfs-bookworm"
     stamp = root / ".specdeploy-rootfs"
-    want = " ".join(PACKAGES)
+    want = " ".join(PACKAGES) + f" layout={ROOTFS_LAYOUT}"
     if stamp.is_file() and stamp.read_text().strip() == want:
         return root
     tmp = CACHE / "rootfs-bookworm.tmp"
@@ -91,10 +99,83 @@ def rootfs(progress=None) -> Path:
     sshd = tmp / "etc/ssh/sshd_config.d/specdeploy.conf"
     sshd.write_text("PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n")
     (tmp / "etc/systemd/system/systemd-networkd-wait-online.service").symlink_to("/dev/null")
+    _write_docker_setup(tmp)
     (tmp / ".specdeploy-rootfs").write_text(want + "\n")
     shutil.rmtree(root, ignore_errors=True)
     tmp.rename(root)
     return root
+
+
+def cgroup_unit() -> str:
+    """Sandbox-only oneshot before docker.service: nspawn mounts the cgroup v1 controllers read-only, and
+    containers then fail on /sys/fs/cgroup/<controller>/docker/...; re-mount each one read-write."""
+    cmds = "; ".join(f"umount -l /sys/fs/cgroup/{c}; mount -t cgroup -o {c} cgroup /sys/fs/cgroup/{c}"
+                     for c in CGROUP_CONTROLLERS)
+    return ("[Unit]\nDescription=specdeploy sandbox: cgroup v1 controllers read-write for dockerd\n"
+            "DefaultDependencies=no\nBefore=docker.service containerd.service\nAfter=local-fs.target\n"
+            "ConditionPathIsDirectory=/sys/fs/cgroup/cpuset\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\n"
+            f"ExecStart=/bin/sh -c '{cmds}'\n\n[Install]\nWantedBy=multi-user.target docker.service\n")
+
+
+def _write_docker_setup(root: Path):
+    units = root / "etc/systemd/system"
+    (units / "specdeploy-sandbox-cgroups.service").write_text(cgroup_unit())
+    for target in ("multi-user.target.wants", "docker.service.wants"):
+        (units / target).mkdir(parents=True, exist_ok=True)
+        link = units / target / "specdeploy-sandbox-cgroups.service"
+        link.unlink(missing_ok=True)
+        link.symlink_to("/etc/systemd/system/specdeploy-sandbox-cgroups.service")
+    wants = units / "multi-user.target.wants"
+    for unit in ("docker.service", "containerd.service"):
+        if not (wants / unit).is_symlink() and (root / "lib/systemd/system" / unit).is_file():
+            (wants / unit).symlink_to(f"/lib/systemd/system/{unit}")
+    (root / "etc/docker").mkdir(parents=True, exist_ok=True)
+    (root / "etc/docker/daemon.json").write_text(json.dumps({"storage-driver": "overlay2"}) + "\n")
+
+
+def base_image_tag(root: Path) -> str:
+    import hashlib
+    blob = (root / ".specdeploy-rootfs").read_bytes() + b"image layout 2"  # bump when base_image() changes
+    return "specdeploy-sandbox/base:" + hashlib.sha256(blob).hexdigest()[:12]
+
+
+def base_image(root: Path, progress=None) -> Path:
+    """The cached rootfs as a ``docker save`` archive (one layer), loaded on the hosts by the engine_image role:
+    the base the sandbox engine images are built FROM, since Docker Hub is out of reach."""
+    import hashlib
+    out = CACHE / "base-image.tar"
+    tag = base_image_tag(root)
+    stamp = CACHE / "base-image.tag"
+    if out.is_file() and stamp.is_file() and stamp.read_text().strip() == tag:
+        return out
+    if progress:
+        progress(f"base image {tag} from the rootfs")
+    work = CACHE / "base-image.d"
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "layer").mkdir(parents=True)
+    layer = work / "layer" / "layer.tar"
+    _run(["tar", "-C", str(root), "--numeric-owner", "--exclude=./proc/*", "--exclude=./sys/*", "--exclude=./dev/*",
+          "--exclude=./run/*", "--exclude=./var/lib/docker/*", "--exclude=./var/cache/apt/archives/*.deb",
+          "--exclude=./.specdeploy-rootfs", "-cf", str(layer), "."], timeout=600)
+    h = hashlib.sha256()
+    with open(layer, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                                    "Cmd": ["/bin/bash"]},
+                         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{h.hexdigest()}"]},
+                         "history": [{"created_by": "specdeploy sandbox: debootstrap rootfs"}]}).encode()
+    cfg_name = hashlib.sha256(config).hexdigest() + ".json"
+    (work / cfg_name).write_bytes(config)
+    (work / "manifest.json").write_text(json.dumps([{"Config": cfg_name, "RepoTags": [tag],
+                                                      "Layers": ["layer/layer.tar"]}]))
+    tmp = CACHE / "base-image.tar.tmp"
+    _run(["tar", "-C", str(work), "-cf", str(tmp), "manifest.json", cfg_name, "layer"], timeout=600)
+    tmp.rename(out)
+    shutil.rmtree(work, ignore_errors=True)
+    stamp.write_text(tag + "\n")
+    return out
 
 
 def keypair() -> tuple[Path, str]:
@@ -184,6 +265,7 @@ def hosts_from_state() -> list[SandboxHost]:
 def up(n: int = 2, progress=None) -> list[SandboxHost]:
     _require_root()
     lower = rootfs(progress)
+    base = base_image(lower, progress)
     key, pub = keypair()
     _ensure_nspawn_runtime()
     _run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
@@ -202,10 +284,13 @@ def up(n: int = 2, progress=None) -> list[SandboxHost]:
         os.chmod(ssh_dir / "authorized_keys", 0o600)
         (merged / "etc/hosts").write_text("127.0.0.1 localhost\n" + "".join(
             f"{x.address} {x.name}\n" for x in hosts))
+        docker_dir = h.dir / "docker"  # on the controller's disk (ext4), for overlay2
+        docker_dir.mkdir(exist_ok=True)
         log = open(h.dir / "console.log", "ab")
         p = subprocess.Popen(["systemd-nspawn", "--register=no", "--keep-unit", "-q", "-b", "-D", str(merged),
                               f"--network-namespace-path=/run/netns/{h.netns}", f"--machine={h.name}",
-                              f"--hostname={h.name}"],
+                              f"--hostname={h.name}", *NSPAWN_DOCKER, f"--bind={docker_dir}:/var/lib/docker",
+                              f"--bind-ro={base}:{BASE_IMAGE_IN_HOST}"],
                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         (h.dir / "nspawn.pid").write_text(str(p.pid))
     existing = {x.name: x for x in hosts_from_state()}
@@ -246,8 +331,9 @@ def down(progress=None):
     (STATE / "hosts.json").unlink(missing_ok=True)
 
 
-def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = "vllm") -> Path:
-    """inventory/sandbox: the hosts above as engine hosts, the controller as the monitoring host."""
+def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = "vllm", runtime: str = "docker") -> Path:
+    """inventory/sandbox: the hosts above as engine hosts (the first also runs the router and Prometheus).
+    ``docker`` (the production runtime) runs the engine image built on each host; ``venv`` the host venv."""
     key, _ = keypair()
     repo = Path(__file__).resolve().parents[2]
     dest.mkdir(parents=True, exist_ok=True)
@@ -266,7 +352,7 @@ def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = "vllm") 
         "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
         "ansible_python_interpreter": "/usr/bin/python3",
         "specdeploy_sandbox": True,
-        "specdeploy_runtime": "venv",
+        "specdeploy_runtime": runtime,
         "specdeploy_engine": engine,
         "specdeploy_engine_version": "0.16.0" if engine == "vllm" else "0.5.23",
         "specdeploy_hardware": "rtx_pro_6000_pcie",
@@ -280,9 +366,10 @@ def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = "vllm") 
         "specdeploy_spec_num_tokens": 3,
         "specdeploy_port": 8000,
         "specdeploy_router": "sglang-router" if len(hosts) > 1 else "none",
-        "specdeploy_ready_timeout_s": 120,
         "specdeploy_engine_env": {"SPECDEPLOY_SIM_LOAD_SECONDS": "3", "SPECDEPLOY_SIM_STEP_MS": "5"},
     }
+    if runtime == "docker":
+        gv["engine_image_sandbox_base"] = base_image_tag(CACHE / "rootfs-bookworm")
     (dest / "group_vars" / "specdeploy_engines.yml").write_text(
         "---\n# Written by `specdeploy sandbox up`; edit freely (e.g. specdeploy_engine: sglang).\n"
         + yaml.safe_dump(gv, sort_keys=False))

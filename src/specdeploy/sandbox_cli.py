@@ -20,17 +20,21 @@ def _fail(exc: SpecdeployError):
 @sandbox_app.command("up")
 def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
            inventory: Path = typer.Option(Path("inventory/sandbox"), "--inventory", help="inventory to write"),
-           engine: str = typer.Option("vllm", "--engine")):
+           engine: str = typer.Option("vllm", "--engine"),
+           runtime: str = typer.Option("docker", "--runtime", help="docker (production path) or venv")):
     """Boot N hosts (debootstrap cached), write an inventory pointing at them."""
     from rich.console import Console
     from . import sandbox
     con = Console(stderr=True)
+    if runtime not in ("docker", "venv"):
+        print(f"ERROR --runtime: '{runtime}' Fix: use docker or venv", file=sys.stderr)
+        raise typer.Exit(2)
     try:
         with con.status("sandbox") as st:
             hs = sandbox.up(hosts, progress=lambda m: (st.update(m), con.log(m)))
             st.update("drafter artifact")
             sandbox.artifacts()
-            sandbox.write_inventory(hs, inventory, engine)
+            sandbox.write_inventory(hs, inventory, engine, runtime)
     except SpecdeployError as exc:
         _fail(exc)
     for h in hs:

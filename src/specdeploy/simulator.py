@@ -7,13 +7,19 @@ not have. Behaviour knobs come from the environment (the engine unit's env file)
   SPECDEPLOY_SIM_STEP_MS        plain decode step time in ms (default 20)
   SPECDEPLOY_SIM_SPEC_STEP_RATIO  speculative step time / plain step time (default 1.3)
   SPECDEPLOY_SIM_CRASH=load     crash during the load with a realistic multi-worker log in the engine's format
-  SPECDEPLOY_SIM_DIE_AFTER      exit this many seconds after becoming ready
+  SPECDEPLOY_SIM_DIE_AFTER      the engine dies this many seconds after becoming ready: the process stays, its
+                                health check fails and requests get 500, as when an engine core dies
+
+Where specdeploy depends on engine behaviour, the simulator behaves as the engines do: the command line is
+checked against the flags and speculative methods read from the real release (``engine_facts``); vLLM and SGLang
+open their HTTP port only once the model is loaded; SGLang serves /metrics only with --enable-metrics.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -22,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from . import engine_facts
 from .engines import get_adapter
 from .engines.vllm import SPEC_KEYS
 
@@ -29,6 +36,8 @@ VLLM_BOOL = {"--enable-expert-parallel", "--trust-remote-code", "--disable-custo
              "--enable-prefix-caching", "--enable-auto-tool-choice", "--enable-eplb", "--enforce-eager",
              "--language-model-only"}
 SGLANG_BOOL = {"--trust-remote-code", "--enable-metrics", "--disable-custom-all-reduce"}
+INT_FLAGS = {"--port", "--tensor-parallel-size", "--tp-size", "--ep-size", "--max-model-len", "--context-length",
+             "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens"}
 WORDS = ("the model drafts tokens and the target verifies them in one step so accepted drafts are free "
          "speculation pays only when acceptance beats the cost of the wider verify step").split()
 
@@ -39,6 +48,10 @@ class ArgError(SystemExit):
 
 def parse_argv(engine: str, version: str, argv: list[str]) -> dict:
     adapter = get_adapter(engine, version)
+    facts = engine_facts.recorded(engine, version)
+
+    def known(flag: str) -> bool:  # the real release's flags where recorded, else specdeploy's table
+        return flag in facts["flags"] if facts else adapter.flag_exists(flag)
     if engine == "vllm":
         if argv[:2] != ["vllm", "serve"] or len(argv) < 3:
             raise ArgError("usage: vllm serve MODEL [options]")
@@ -52,7 +65,7 @@ def parse_argv(engine: str, version: str, argv: list[str]) -> dict:
     while i < len(rest):
         a = rest[i]
         flag, eq, val = a.partition("=")
-        if not adapter.flag_exists(flag):
+        if not known(flag):
             unknown.append(a)
             i += 1
             continue
@@ -63,23 +76,26 @@ def parse_argv(engine: str, version: str, argv: list[str]) -> dict:
         elif eq:
             opts[key] = val
             i += 1
+        elif flag not in INT_FLAGS and (i + 1 >= len(rest) or rest[i + 1].startswith("--")):
+            opts[key] = True  # a real flag specdeploy does not use, without a value: a switch
+            i += 1
         else:
             if i + 1 >= len(rest):
                 raise ArgError(f"{prog}: error: argument {flag}: expected one argument")
             opts[key] = rest[i + 1]
             i += 2
+        if flag in INT_FLAGS and not str(opts[key]).lstrip("-").isdigit():
+            raise ArgError(f"{prog}: error: argument {flag}: invalid int value: '{opts[key]}'")
     if unknown:
         raise ArgError(f"{prog}: error: unrecognized arguments: {' '.join(unknown)}")
     if engine == "vllm" and "speculative_config" in opts:
-        cfg = json.loads(opts["speculative_config"])
-        bad = [k for k in cfg if k not in SPEC_KEYS or not SPEC_KEYS[k].contains(version)]
-        if bad:
-            raise ArgError(f"pydantic_core._pydantic_core.ValidationError: 1 validation error for "
-                           f"SpeculativeConfig\n{bad[0]}\n  Extra inputs are not permitted [type=extra_forbidden]")
-        opts["spec"] = {"k": int(cfg.get("num_speculative_tokens", 0)), "method": cfg.get("method"),
-                        "model": cfg.get("model")}
+        opts["spec"] = _vllm_spec(version, opts["speculative_config"], facts)
     if engine == "sglang" and "speculative_algorithm" in opts:
-        opts["spec"] = {"k": int(opts.get("speculative_num_steps", 3)), "method": opts["speculative_algorithm"],
+        algo = opts["speculative_algorithm"]
+        methods = facts["spec_methods"] if facts else {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"}
+        if algo.upper() not in methods:
+            raise ArgError(f"ValueError: Unknown speculative algorithm name: {algo}")
+        opts["spec"] = {"k": int(opts.get("speculative_num_steps", 3)), "method": algo,
                         "model": opts.get("speculative_draft_model_path")}
     model_path = opts.get("model") or opts.get("model_path")
     if not model_path or not os.path.isfile(os.path.join(model_path, "config.json")):
@@ -88,6 +104,30 @@ def parse_argv(engine: str, version: str, argv: list[str]) -> dict:
     if spec and spec.get("model") and not os.path.isfile(os.path.join(spec["model"], "config.json")):
         raise ArgError(f"OSError: draft model {spec['model']} does not appear to have a file named config.json")
     return opts
+
+
+def _vllm_spec(version: str, raw: str, facts: dict | None) -> dict:
+    """--speculative-config as vLLM's SpeculativeConfig validates it: known keys, a known method, k > 0."""
+    head = "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig\n"
+    try:
+        cfg = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ArgError(f"vllm serve: error: argument --speculative-config: invalid loads value: {raw!r} ({exc})")
+    if not isinstance(cfg, dict):
+        raise ArgError(f"vllm serve: error: argument --speculative-config: invalid loads value: {raw!r}")
+    keys = facts["spec_keys"] if facts else {k for k, span in SPEC_KEYS.items() if span.contains(version)}
+    bad = [k for k in cfg if k not in keys]
+    if bad:
+        raise ArgError(f"{head}{bad[0]}\n  Extra inputs are not permitted [type=extra_forbidden]")
+    method = cfg.get("method")
+    if facts and method is not None and method not in facts["spec_methods"]:
+        allowed = ", ".join(repr(m) for m in sorted(facts["spec_methods"]))
+        raise ArgError(f"{head}method\n  Input should be {allowed} [type=literal_error, input_value={method!r}]")
+    k = cfg.get("num_speculative_tokens")
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k <= 0):
+        raise ArgError(f"{head}num_speculative_tokens\n  Input should be greater than 0 [type=greater_than, "
+                       f"input_value={k!r}]")
+    return {"k": int(k or 0), "method": method, "model": cfg.get("model")}
 
 
 CRASH_LOG = """(EngineCore_DP0 pid={core}) INFO {ts} [core.py:97] Initializing a V1 LLM engine (v{version}) with config: model='{model}', speculative_config=SpeculativeConfig(method='eagle3', num_spec_tokens={k})
@@ -168,6 +208,7 @@ class Sim:
         self.die_after = float(env.get("SPECDEPLOY_SIM_DIE_AFTER", "0") or 0)
         self.api_key = self._api_key(env)
         self.ready = False
+        self.dead = False
         self.lock = threading.Lock()
         self.running = 0
         self.rng = random.Random(int(env.get("SPECDEPLOY_SIM_SEED", "0")) or None)
@@ -333,12 +374,16 @@ def make_handler(sim: Sim):
         def do_GET(self):
             path = self.path.split("?")[0]
             if path in ("/health", "/health_generate"):
-                if sim.engine == "sglang" and path in ("/health", "/health_generate"):
+                if sim.dead:  # the engine core died; the API server answers, unhealthy
+                    return self._send(503, b"", "text/plain")
+                if sim.engine == "sglang":
                     if not sim.ready:
                         return self._send(503, b"", "text/plain")
                     sim.generate(1, 1)
                 return self._send(200, b"", "text/plain")
             if path == "/metrics":
+                if sim.engine == "sglang" and not sim.opts.get("enable_metrics"):
+                    return self._send(404, {"detail": "Not Found"})
                 return self._send(200, generate_latest(sim.registry), CONTENT_TYPE_LATEST)
             if not sim.ready:
                 return self._send(503, {"error": "Server is starting"})
@@ -361,6 +406,9 @@ def make_handler(sim: Sim):
                 return self._send(503, {"error": "Server is starting"})
             if not self._authorized():
                 return
+            if sim.dead:
+                return self._send(500, {"error": {"message": "EngineCore encountered an issue. See stack trace "
+                                                             "(above) for the root cause.", "code": 500}})
             path = self.path.split("?")[0]
             if path not in ("/v1/chat/completions", "/v1/completions"):
                 return self._send(404, {"detail": "Not Found"})
@@ -431,27 +479,24 @@ def run(engine: str, version: str, argv: list[str]) -> int:
     tp = int(opts.get("tensor_parallel_size") or opts.get("tp_size") or 1)
     print(f"specdeploy engine simulator: {engine} {version} (no GPU; for demos and tests) model={sim.served} "
           f"tp={tp} speculative={'k=%d' % sim.k if sim.k else 'off'}", flush=True)
-    server = None
-    if engine == "sglang":  # SGLang listens during the load and answers 503
-        server = ThreadingHTTPServer((host, port), make_handler(sim))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # as PID 1 in a container, too
     load_progress(engine, sim.load_s)
     if os.environ.get("SPECDEPLOY_SIM_CRASH") == "load":
         sys.stderr.write((sglang_crash_log if engine == "sglang" else crash_log)(version, sim.served, sim.k, tp))
         sys.stderr.flush()
         return 1
-    if server is None:  # vLLM's API server starts only after the engine is up
-        server = ThreadingHTTPServer((host, port), make_handler(sim))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+    # Both engines open their HTTP port only once the model is loaded.
+    server = ThreadingHTTPServer((host, port), make_handler(sim))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     sim.ready = True
     print(f"INFO:     Application startup complete. Uvicorn running on http://{host}:{port}", flush=True)
     t_ready = time.monotonic()
     try:
         while True:
             time.sleep(0.5)
-            if sim.die_after and time.monotonic() - t_ready > sim.die_after:
-                print("ERROR EngineCore died unexpectedly (simulated)", file=sys.stderr, flush=True)
-                # vLLM can exit 0 when its engine core dies: Restart=always must cover it
-                return 0
-    except KeyboardInterrupt:
+            if sim.die_after and not sim.dead and time.monotonic() - t_ready > sim.die_after:
+                print("ERROR EngineCore died unexpectedly (simulated); the API server keeps answering, unhealthy",
+                      file=sys.stderr, flush=True)
+                sim.dead = True
+    except (KeyboardInterrupt, SystemExit):
         return 0

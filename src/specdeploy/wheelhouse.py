@@ -1,8 +1,9 @@
 """A wheelhouse of specdeploy and the few packages its host-side commands need (exporter, drafter check and
-convert, simulator, triage), built on the controller and installed offline on hosts."""
+convert, simulator, triage), built on the controller for the hosts' Python and platform, installed offline."""
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,10 @@ from pathlib import Path
 HOST_REQUIREMENTS = ["typer>=0.12", "rich>=13", "prometheus-client>=0.20", "pyyaml>=6", "jinja2>=3.1",
                      "pydantic>=2.6", "requests>=2.31"]
 REPO = Path(__file__).resolve().parents[2]
+
+
+class TargetError(ValueError):
+    pass
 
 
 def source_hash() -> str:
@@ -22,18 +27,39 @@ def source_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def build(out: Path) -> str:
-    """Build (or reuse) the wheelhouse; returns its stamp (source hash)."""
-    stamp = source_hash()
+def target_args(target: str | None) -> list[str]:
+    """``pip download`` arguments for a host described as ``PY_VERSION:MACHINE:GLIBC`` (e.g. ``3.11:x86_64:2.36``,
+    what ``python3 -c 'import platform,sys; ...'`` reports on the host): binary wheels for that interpreter and
+    every manylinux tag its glibc accepts. None: the controller's own interpreter."""
+    if not target:
+        return []
+    m = re.fullmatch(r"(3)\.(\d+):([a-z0-9_]+):2\.(\d+)", target.strip())
+    if not m:
+        raise TargetError(f"wheelhouse target '{target}': expected PY_VERSION:MACHINE:GLIBC, e.g. 3.11:x86_64:2.36")
+    major, minor, machine, glibc = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
+    plats = [f"manylinux_2_{g}_{machine}" for g in range(glibc, 16, -1)] + [f"manylinux2014_{machine}",
+                                                                           f"linux_{machine}"]
+    args = ["--python-version", f"{major}.{minor}", "--implementation", "cp", "--abi", f"cp{major}{minor}",
+            "--abi", "abi3", "--abi", "none"]
+    for p in plats:
+        args += ["--platform", p]
+    return args
+
+
+def build(out: Path, target: str | None = None) -> str:
+    """Build (or reuse) the wheelhouse; returns its stamp (source hash and target)."""
+    extra = target_args(target)
+    stamp = source_hash() + (f"-{target.strip()}" if target else "")
     marker = out / "STAMP"
     if marker.is_file() and marker.read_text().strip() == stamp:
         return stamp
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("specdeploy-*.whl"):
+    for old in out.glob("*.whl"):
         old.unlink()
-    pip = [sys.executable, "-m", "pip", "-q"]
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
     subprocess.run(pip + ["wheel", "--no-deps", "-w", str(out), str(REPO)], check=True)
-    subprocess.run(pip + ["download", "-d", str(out), "--only-binary=:all:"] + HOST_REQUIREMENTS, check=True)
+    subprocess.run(pip + ["download", "-d", str(out), "--only-binary=:all:", *extra] + HOST_REQUIREMENTS,
+                   check=True)
     (out / "requirements-host.txt").write_text("\n".join(HOST_REQUIREMENTS) + "\n")
     marker.write_text(stamp + "\n")
     return stamp
