@@ -1,5 +1,7 @@
-"""End to end on real sandbox hosts (systemd-nspawn, bookworm): deploy, idempotence, rolling deploy under
-load through the router, a broken engine config that triages and rolls back, and an engine switch."""
+"""End to end on real sandbox hosts (systemd-nspawn, bookworm) with the production runtime: dockerd on each host,
+engine images built there from docker/*.Dockerfile, engines in containers. Deploy, idempotence, rolling deploy
+under load through the router, a crash on load that fails fast, triages and rolls back, the gate, an engine
+switch, rollback.yml; then the venv runtime on one host."""
 from __future__ import annotations
 
 import json
@@ -24,13 +26,24 @@ H1, H2 = "10.231.1.2", "10.231.2.2"
 ROUTER = f"http://{H1}:30080"
 
 
+# A value with a space: docker --env-file would keep the quotes a systemd EnvironmentFile needs.
+ARCH = "9.0 10.0"
+
+
 @pytest.fixture(scope="module")
 def inv(tmp_path_factory):
+    import yaml
     from specdeploy import sandbox
     sandbox.down()  # fresh hosts: the first deploy starts from bare Debian
     hosts = sandbox.up(2)
     sandbox.artifacts()
-    yield sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm")
+    d = sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm")
+    gv = d / "group_vars" / "specdeploy_engines.yml"
+    data = yaml.safe_load(gv.read_text())
+    assert data["specdeploy_runtime"] == "docker" and "specdeploy_ready_timeout_s" not in data  # the defaults
+    data["specdeploy_engine_env"]["TORCH_CUDA_ARCH_LIST"] = ARCH
+    gv.write_text(yaml.safe_dump(data, sort_keys=False))
+    yield d
     sandbox.down()
 
 
@@ -63,11 +76,23 @@ def chat(base: str, timeout=30) -> dict:
 
 
 def test_full_deploy_to_two_hosts(inv):
-    rc, out, recap = play(inv)
+    rc, out, recap = play(inv, playbook="site.yml")
     assert rc == 0, out[-3000:]
+    from specdeploy.images import image_tag
     for h in (H1, H2):
         assert chat(f"http://{h}:8000")["choices"][0]["message"]["content"]
         assert ssh(h, "systemctl is-active specdeploy-vllm specdeploy-exporter").split() == ["active", "active"]
+        # the engine runs in a container of the image built on the host from docker/vllm.Dockerfile
+        ps = ssh(h, "docker ps --format '{{.Names}} {{.Image}}'").split()
+        assert ps == ["specdeploy-vllm", image_tag("vllm", "0.16.0")], ps
+        labels = json.loads(ssh(h, "docker image inspect --format '{{json .Config.Labels}}' " + ps[1]))
+        assert labels["io.specdeploy.engine-version"] == "0.16.0" and labels["io.specdeploy.patch-set"] == ps[1][-11:]
+        # the patch step ran on vLLM 0.16.0's real sources in the image, and every patch applied
+        status = json.loads(ssh(h, f"docker run --rm --entrypoint cat {ps[1]} /opt/specdeploy-patch-status.json"))
+        assert status["patches"] and {p["status"] for p in status["patches"]} == {"applied"}
+        # the container reads its env file verbatim: no stray quotes
+        assert ssh(h, "docker exec specdeploy-vllm printenv TORCH_CUDA_ARCH_LIST").strip() == ARCH
+        assert "--gpus" not in ssh(h, "cat /etc/systemd/system/specdeploy-vllm.service")  # no GPUs here
         metrics = urllib.request.urlopen(f"http://{h}:9450/metrics", timeout=10).read().decode()
         assert "specdeploy_engine_up 1.0" in metrics
         # the drafter was converted on the host and checked for the engine
@@ -125,12 +150,17 @@ def test_rolling_deploy_under_load_loses_no_request(inv):
         assert '"num_speculative_tokens":4' in ssh(h, "cat /etc/specdeploy/specdeploy-vllm.argv").replace("\\", "")
 
 
-def test_broken_engine_config_triage_and_rollback(inv):
+def test_crash_on_load_fails_fast_triages_and_rolls_back(inv):
+    """The default ready timeout (an hour) stays: the crash loop itself ends the wait."""
     before = ssh(H2, "cat /var/lib/specdeploy/current").strip()
     crash = json.dumps({"specdeploy_engine_env": {"SPECDEPLOY_SIM_CRASH": "load", "SPECDEPLOY_SIM_LOAD_SECONDS": "1"},
-                        "specdeploy_ready_timeout_s": 25, "specdeploy_spec_num_tokens": 4})
+                        "specdeploy_spec_num_tokens": 4})
+    t0 = time.monotonic()
     rc, out, recap = play(inv, crash, limit="sdhost2")
+    took = time.monotonic() - t0
     assert rc != 0
+    assert took < 300, f"the failed deploy took {took:.0f} s"
+    assert "crashed: the engine exited" in out or "crashed: systemd restarted" in out, out[-3000:]
     assert "TRIAGE specdeploy-vllm.service on sdhost2" in out
     assert "'KimiK25Config' object has no attribute 'image_token_index'" in out
     assert "kimi-image-token-index" in out and "Worker_TP" in out
@@ -203,3 +233,17 @@ def test_rollback_playbook_undoes_the_engine_switch(inv):
         assert chat(f"http://{h}:8000")["choices"][0]["message"]["content"]
         m = urllib.request.urlopen(f"http://{h}:9450/metrics", timeout=10).read().decode()
         assert 'engine="vllm"' in m
+
+
+def test_venv_runtime_on_one_host(inv):
+    """The venv runtime stays an option: the simulator runs from the host venv, systemd reads the env file."""
+    rc, out, _ = play(inv, "specdeploy_runtime=venv", limit="sdhost2")
+    assert rc == 0, out[-3000:]
+    assert "specdeploy-vllm" not in ssh(H2, "docker ps --format '{{.Names}}'")
+    unit = ssh(H2, "cat /etc/systemd/system/specdeploy-vllm.service")
+    assert "EnvironmentFile=/etc/specdeploy/specdeploy-vllm.env" in unit and "docker" not in unit
+    env = ssh(H2, "systemctl show specdeploy-vllm -p Environment --value")
+    assert f'TORCH_CUDA_ARCH_LIST="{ARCH}"' in env or f"TORCH_CUDA_ARCH_LIST={ARCH}" in env, env
+    pid = ssh(H2, "systemctl show specdeploy-vllm -p MainPID --value").strip()
+    assert f"TORCH_CUDA_ARCH_LIST={ARCH}" in ssh(H2, f"tr '\\0' '\\n' < /proc/{pid}/environ")
+    assert chat(f"http://{H2}:8000")["choices"][0]["message"]["content"]
