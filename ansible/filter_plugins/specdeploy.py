@@ -98,11 +98,11 @@ def specdeploy_image(variables, host, source="unknown"):
                       hv.specdeploy_sandbox, hv.specdeploy_image, str(source))
 
 
-def specdeploy_tool_container(variables, host, name, args, rw_mounts=()):
-    """A specdeploy command in the engine's environment (same image, GPUs, mounts, ulimits as the engine)."""
+def specdeploy_tool_container(variables, host, name, args, rw_mounts=(), module=True):
+    """A command in the engine's environment (same image, GPUs, mounts, ulimits as the engine unit)."""
     _, hv = _validated(variables, host)
     from specdeploy.render import tool_container
-    return tool_container(hv, str(name), [str(a) for a in args], tuple(str(m) for m in rw_mounts))
+    return tool_container(hv, str(name), [str(a) for a in args], tuple(str(m) for m in rw_mounts), bool(module))
 
 
 def specdeploy_router_unit(hostvars, hosts, router_port, venv):

@@ -218,16 +218,19 @@ def engine_image(hv: HostVars) -> str | None:
                                             hv.specdeploy_engine_patches)
 
 
-def tool_container(hv: HostVars, name: str, args: list[str], rw_mounts: tuple[str, ...] = ()) -> dict:
-    """A specdeploy command (e.g. ``nccl tune``) in the engine's own environment: the engine image with the
-    engine unit's GPUs, IPC, ulimits and mounts (docker runtime), or the host venv."""
+def tool_container(hv: HostVars, name: str, args: list[str], rw_mounts: tuple[str, ...] = (),
+                   module: bool = True) -> dict:
+    """A command in the engine's own environment (e.g. ``nccl tune``): the engine image with the engine unit's
+    GPUs, IPC, ulimits and mounts (docker runtime), or the host venv. ``module``: ``args`` are specdeploy CLI
+    arguments; else they are the Python interpreter's."""
+    inner = (["-m", "specdeploy.cli"] if module else []) + list(args)
     image = engine_image(hv)
     if image is None:
-        return {"runtime": "venv", "argv": [f"{hv.specdeploy_venv_path}/bin/specdeploy"] + args}
+        head = [f"{hv.specdeploy_venv_path}/bin/specdeploy"] if module else [f"{hv.specdeploy_venv_path}/bin/python"]
+        return {"runtime": "venv", "argv": head + list(args)}
     spec = container_spec(hv, image, name, rw_mounts)
-    argv = docker_run_argv(spec, [], "python3", ["-m", "specdeploy.cli"] + args)
-    return {"runtime": "docker", "argv": argv, "params": container_params(spec, "python3",
-                                                                         ["-m", "specdeploy.cli"] + args)}
+    return {"runtime": "docker", "argv": docker_run_argv(spec, [], "python3", inner),
+            "params": container_params(spec, "python3", inner)}
 
 
 def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan:
