@@ -27,7 +27,7 @@ def run(states, probe=lambda url: False, until=4600.0, slice_s=30.0, state_file=
         last = dict(next(seq, last))
         return last
     return wait("specdeploy-vllm.service", "http://x/health", until, slice_s, 1.0, state_file or tmp / "s.json",
-                read, probe, clock, clock.sleep), clock
+                read, probe, clock, clock.sleep, lambda unit: [f"{unit}: last line"]), clock
 
 
 def test_crash_on_load_is_noticed_at_the_first_exit(tmp_path):
@@ -35,6 +35,7 @@ def test_crash_on_load_is_noticed_at_the_first_exit(tmp_path):
                    ExecMainCode="1")
     o, clock = run([UP, UP, UP, crashed], tmp=tmp_path)
     assert o.status == CRASHED and "ExecMainStatus=1" in o.detail and "restarting" in o.detail
+    assert o.journal == ["specdeploy-vllm.service: last line"]
     assert clock() - 1000 <= 3  # three polls, not the hour of the default ready timeout
 
 

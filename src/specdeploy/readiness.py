@@ -32,6 +32,7 @@ class Outcome:
     elapsed_s: float
     detail: str
     state: dict = field(default_factory=dict)
+    journal: list[str] = field(default_factory=list)  # the unit's last lines, on a crash
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -41,6 +42,12 @@ def unit_state(unit: str) -> dict[str, str]:
     r = subprocess.run(["systemctl", "show", unit, "--property=" + ",".join(PROPS)], capture_output=True,
                        text=True, timeout=30)
     return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+
+
+def journal_tail(unit: str, n: int = 12) -> list[str]:
+    r = subprocess.run(["journalctl", "-u", unit, "-o", "cat", "--no-pager", "-n", str(n)], capture_output=True,
+                       text=True, timeout=30)
+    return [line for line in r.stdout.splitlines() if line.strip()][-n:]
 
 
 def http_ok(url: str, timeout: float = 5) -> bool:
@@ -70,7 +77,7 @@ def crash_reason(state: dict[str, str], baseline: dict[str, str]) -> str | None:
 
 
 def wait(unit: str, url: str, until: float, slice_s: float = 30, poll_s: float = 1, state_file: Path | None = None,
-         read_state=unit_state, probe=http_ok, clock=time.time, sleep=time.sleep) -> Outcome:
+         read_state=unit_state, probe=http_ok, clock=time.time, sleep=time.sleep, journal=journal_tail) -> Outcome:
     """Poll the unit and the readiness URL until ready, crashed, the deadline ``until`` or the end of the slice."""
     t0 = clock()
     state_file = state_file or STATE_DIR / f"ready-{unit}-{int(until)}.json"
@@ -87,7 +94,7 @@ def wait(unit: str, url: str, until: float, slice_s: float = 30, poll_s: float =
         now = clock()
         why = crash_reason(state, baseline)
         if why:
-            return Outcome(CRASHED, unit, now - started, why, state)
+            return Outcome(CRASHED, unit, now - started, why, state, journal(unit))
         if probe(url):
             return Outcome(READY, unit, now - started, f"{url} answered 200", state)
         if now >= until:
