@@ -106,6 +106,8 @@ def test_gpu_flags_follow_the_hardware_profile():
     none = render_host("h", _hv(specdeploy_sandbox=True))  # a host without GPUs
     unit = none.files["/etc/systemd/system/specdeploy-vllm.service"]
     assert "/usr/bin/docker run" in unit and "--gpus" not in unit
+    assert "memlock" not in unit and "--ulimit stack=67108864" in unit  # pinned memory is for GPUs
+    assert "--ulimit memlock=-1" in gpu.files["/etc/systemd/system/specdeploy-vllm.service"]
     assert none.image == gpu.image  # the sandbox runs the same image name, built on the host
 
 

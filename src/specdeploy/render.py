@@ -145,7 +145,10 @@ def gpu_count(hv: HostVars) -> int:
     return 0 if hv.specdeploy_sandbox else hv.profile().gpu_count
 
 
-ULIMITS = {"memlock": "-1", "stack": "67108864"}
+# Unlimited locked memory is for the GPUs (CUDA pinned host memory, NCCL); a host without GPUs gets the stack
+# limit only. (A sandbox host could not raise it anyway: its MEMLOCK hard limit is the controller's.)
+GPU_ULIMITS = {"memlock": "-1"}
+ULIMITS = {"stack": "67108864"}
 
 
 def container_spec(hv: HostVars, image: str, name: str, rw_mounts: tuple[str, ...] = ()) -> dict:
@@ -157,8 +160,9 @@ def container_spec(hv: HostVars, image: str, name: str, rw_mounts: tuple[str, ..
     if drafter:
         mounts.append((drafter, True))
     mounts += [(m, False) for m in rw_mounts]
-    return {"name": name, "image": image, "gpus": gpu_count(hv), "ipc": "host", "network": "host",
-            "ulimits": dict(ULIMITS), "mounts": mounts}
+    gpus = gpu_count(hv)
+    return {"name": name, "image": image, "gpus": gpus, "ipc": "host", "network": "host",
+            "ulimits": {**(GPU_ULIMITS if gpus else {}), **ULIMITS}, "mounts": mounts}
 
 
 def docker_run_argv(spec: dict, env_files: list[str], entry: str, args: list[str],
