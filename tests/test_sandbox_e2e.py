@@ -37,10 +37,10 @@ def inv(tmp_path_factory):
     sandbox.down()  # fresh hosts: the first deploy starts from bare Debian
     hosts = sandbox.up(2)
     sandbox.artifacts()
-    d = sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm")
+    d = sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm", "docker")
     gv = d / "group_vars" / "specdeploy_engines.yml"
     data = yaml.safe_load(gv.read_text())
-    assert data["specdeploy_runtime"] == "docker" and "specdeploy_ready_timeout_s" not in data  # the defaults
+    assert data["specdeploy_runtime"] == "docker" and "specdeploy_ready_timeout_s" not in data  # default timeout
     data["specdeploy_engine_env"]["TORCH_CUDA_ARCH_LIST"] = ARCH
     gv.write_text(yaml.safe_dump(data, sort_keys=False))
     yield d
