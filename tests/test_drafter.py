@@ -3,10 +3,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from specdeploy.drafter import check, convert
+from specdeploy.drafter import check, convert, is_convertible
 from specdeploy.errors import SpecdeployError
 from specdeploy.fixtures import drafter_config, write_drafter
 from specdeploy.safetensors_io import checkpoint_tensors
@@ -31,7 +32,8 @@ def test_good_drafter_passes_vllm_and_is_sparse(tmp_path, target):
 
 def test_trap_sglang_drops_layers0_names(tmp_path, target):
     d = write_drafter(tmp_path / "d")
-    assert "layers.0.*" in errors(check(d, target, "sglang"))
+    assert "layers.0.*" in errors(check(d, target, "sglang", "0.5.11"))
+    assert "layers.0.*" not in errors(check(d, target, "sglang", "0.5.12"))  # renames midlayer -> layers.0
     assert "layers.0.*" not in errors(check(d, target, "vllm"))  # vLLM accepts both
 
 
@@ -50,9 +52,9 @@ def test_trap_missing_d2t(tmp_path, target):
 def test_trap_d2t_int32_and_duplicates_and_eos(tmp_path, target):
     e = errors(check(write_drafter(tmp_path / "a", d2t_dtype="I32", with_t2d=False), target, "vllm"))
     assert "int64" in e["d2t"].message
-    sel = list(range(32000))  # no EOS (163586) in the draft vocabulary
+    sel = list(range(32000))  # neither <|im_end|> (163586) nor [EOS] (163585) in the draft vocabulary
     e = errors(check(write_drafter(tmp_path / "b", selection=sel, with_t2d=False), target, "vllm"))
-    assert "EOS" in e["d2t"].message
+    assert "end-of-turn" in e["d2t"].message
     dup = list(range(31997)) + [5, 163585, 163586]
     e = errors(check(write_drafter(tmp_path / "c", selection=dup, with_t2d=False), target, "vllm"))
     assert "duplicate" in e["d2t"].message
@@ -72,22 +74,35 @@ def test_trap_t2d_disagrees(tmp_path, target):
 
 
 def test_trap_aux_off_by_one(tmp_path, target):
-    # SpecForge-style: only the nested key, SGLang numbering [1,29,57] == vLLM default -1: vLLM warns only
+    # SpecForge-style: only the nested key [1,29,57]. vLLM 0.18 ignores it and its default [2,30,58] matches;
+    # vLLM 0.22+ reads it as vLLM numbers (one layer early); releases in between are not pinned down
     cfg = drafter_config(eagle_aux_hidden_state_layer_ids=None)
-    rep = check(write_drafter(tmp_path / "a", cfg), target, "vllm")
-    assert rep.ok and any(f.severity == "warning" and "nested" in f.message for f in rep.findings)
-    # trained taps differ from the default: vLLM silently uses the wrong layers -> error
+    a = write_drafter(tmp_path / "a", cfg)
+    assert check(a, target, "vllm", "0.18.0").ok
+    assert "eagle_aux_hidden_state_layer_ids" in errors(check(a, target, "vllm", "0.22.0"))
+    rep = check(a, target, "vllm", "0.20.0")
+    assert rep.ok and any(f.severity == "warning" and "not pinned down" in f.message for f in rep.findings)
+    # trained taps differ from the default: vLLM 0.18 silently uses the wrong layers -> error
     cfg = drafter_config(eagle_aux_hidden_state_layer_ids=None,
                          eagle_config={"eagle_aux_hidden_state_layer_ids": [3, 20, 40]})
-    assert "eagle_aux_hidden_state_layer_ids" in errors(check(write_drafter(tmp_path / "b", cfg), target, "vllm"))
-    # the classic off-by-one: SGLang given vLLM numbers under its key
+    assert "eagle_aux_hidden_state_layer_ids" in errors(check(write_drafter(tmp_path / "b", cfg), target, "vllm",
+                                                              "0.18.0"))
+    # the classic off-by-one: SGLang given vLLM numbers under its key (before 0.5.13's DeepSeek/Kimi heuristic)
     cfg = drafter_config(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 30, 58]})
-    e = errors(check(write_drafter(tmp_path / "c", cfg), target, "sglang"))
+    c = write_drafter(tmp_path / "c", cfg, prefix="midlayer.")
+    e = errors(check(c, target, "sglang", "0.5.12"))
     assert "off by one" in e["aux layers"].message
+    # from 0.5.13 the Kimi target takes ids whose first is not 1 as they are: [2,30,58] is then right
+    assert check(c, target, "sglang", "0.5.13").ok
+    # an id equal to the layer count is never captured
+    cfg = drafter_config(eagle_aux_hidden_state_layer_ids=[2, 30, 61], eagle_config=None)
+    e = errors(check(write_drafter(tmp_path / "e", cfg), target, "vllm"))
+    assert "never captured" in e["eagle_aux_hidden_state_layer_ids"].message
     # top-level non-default ids only: SGLang ignores them
     cfg = drafter_config(eagle_aux_hidden_state_layer_ids=[3, 20, 40], eagle_config=None)
     e = errors(check(write_drafter(tmp_path / "d", cfg, prefix="midlayer."), target, "sglang"))
-    assert "eagle_config.eagle_aux_hidden_state_layer_ids" in e
+    assert "eagle_config.eagle_aux_hidden_state_layer_ids" in e and is_convertible(
+        e["eagle_config.eagle_aux_hidden_state_layer_ids"])
 
 
 def test_trap_norm_before_residual(tmp_path, target):
@@ -95,8 +110,11 @@ def test_trap_norm_before_residual(tmp_path, target):
     d = write_drafter(tmp_path / "a", cfg, prefix="midlayer.")
     assert "norm_before_residual" in errors(check(d, target, "sglang"))
     assert check(d, target, "vllm").ok
-    rep = check(write_drafter(tmp_path / "b", drafter_config(norm_before_residual=None)), target, "vllm")
-    assert any(f.subject == "norm_before_residual" and f.severity == "warning" for f in rep.findings)
+    # flat configs without the key: both engines run False, so there is nothing to warn about
+    for engine in ("vllm", "sglang"):
+        rep = check(write_drafter(tmp_path / engine, drafter_config(norm_before_residual=None),
+                                  prefix="midlayer."), target, engine)
+        assert rep.ok and not any(f.subject == "norm_before_residual" for f in rep.findings)
     with pytest.raises(SpecdeployError) as ei:
         convert(d, target, "sglang", tmp_path / "out")
     assert "norm_before_residual" in str(ei.value)
@@ -119,8 +137,8 @@ def test_convert_for_sglang_renames_hardlinks_and_records(tmp_path, target):
     src = write_drafter(tmp_path / "src", drafter_config(eagle_aux_hidden_state_layer_ids=None))
     (src / "tokenizer_config.json").write_text("{}")
     out = tmp_path / "sglang"
-    meta = convert(src, target, "sglang", out)
-    assert check(out, target, "sglang").ok
+    meta = convert(src, target, "sglang", out, "0.5.11")
+    assert check(out, target, "sglang", "0.5.11").ok
     names = set(checkpoint_tensors(out))
     assert "midlayer.self_attn.q_proj.weight" in names and not any(n.startswith("layers.0.") for n in names)
     cfg = json.loads((out / "config.json").read_text())
@@ -138,10 +156,10 @@ def test_convert_for_sglang_renames_hardlinks_and_records(tmp_path, target):
 def test_convert_for_vllm_hardlinks_weights(tmp_path, target):
     src = write_drafter(tmp_path / "src", drafter_config(eagle_aux_hidden_state_layer_ids=None,
                         eagle_config={"eagle_aux_hidden_state_layer_ids": [3, 20, 40]}))
-    assert not check(src, target, "vllm").ok
+    assert not check(src, target, "vllm", "0.18.0").ok
     out = tmp_path / "vllm"
-    convert(src, target, "vllm", out)
-    assert check(out, target, "vllm").ok
+    convert(src, target, "vllm", out, "0.18.0")
+    assert check(out, target, "vllm", "0.18.0").ok
     assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [4, 21, 41]
     assert os.stat(out / "model.safetensors").st_ino == os.stat(src / "model.safetensors").st_ino
 
@@ -156,3 +174,144 @@ def test_cli_json_and_exit_codes(tmp_path, target):
     r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "drafter", "check", str(tmp_path / "nope"),
                         "--target", str(target), "--engine", "vllm"], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "does not exist" in r.stderr
+
+
+# --- the corpus of real public drafters (tests/data/drafters/corpus/*.json) ------------------------------------
+CORPUS = sorted((Path(__file__).parent / "data" / "drafters" / "corpus").glob("*.json"))
+
+
+def build_corpus_drafter(entry: dict, root: Path, path: Path) -> Path:
+    """A sparse checkpoint with the recorded names and shapes; d2t/t2d from a draft vocabulary holding the
+    recorded forced ids and none of the excluded ones."""
+    import struct
+
+    from specdeploy.safetensors_io import write_sparse
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(entry["config"]))
+    specs = {n: (dt, tuple(shape)) for n, (dt, shape) in entry["tensors"].items()}
+    data = {}
+    if "d2t" in specs:
+        dv, vocab = specs["d2t"][1][0], entry["config"].get("vocab_size") or entry["config"][
+            "transformer_layer_config"]["vocab_size"]
+        force, exclude = set(entry["d2t"]["force"]), set(entry["d2t"]["exclude"])
+        sel = sorted(force | set([i for i in range(dv + len(exclude)) if i not in exclude and i not in force]
+                                 [:dv - len(force)]))
+        assert len(sel) == dv
+        data["d2t"] = struct.pack(f"<{dv}q", *[t - i for i, t in enumerate(sel)])
+        if "t2d" in specs:
+            mask = bytearray(vocab)
+            for t in sel:
+                mask[t] = 1
+            data["t2d"] = bytes(mask)
+    write_sparse(path / "model.safetensors", specs, data)
+    return path
+
+
+def corpus_cases():
+    for f in CORPUS:
+        entry = json.loads(f.read_text())
+        for engine, truth in entry["truth"].items():
+            yield pytest.param(entry, engine, truth, id=f"{entry['name']}-{engine}-{truth['version']}")
+
+
+def test_corpus_is_real_and_large_enough():
+    assert len(CORPUS) >= 12
+    for f in CORPUS:
+        e = json.loads(f.read_text())
+        assert e["url"].startswith("https://") and e["config_source"] and e["tensors_source"] and e["truth"]
+
+
+@pytest.mark.parametrize("entry,engine,truth", list(corpus_cases()))
+def test_corpus_verdicts(tmp_path, repo, entry, engine, truth):
+    target = repo / "tests/data/drafters" / entry["target"] if entry["target"].startswith("targets/") \
+        else repo / entry["target"]
+    d = build_corpus_drafter(entry, repo, tmp_path / "d")
+    rep = check(d, target, engine, truth["version"])
+    errs = errors(rep)
+    assert set(errs) == set(truth["defects"]), [f.line() for f in rep.findings]
+    assert rep.ok == truth["loads"]
+    assert all(f.fix for f in errs.values())  # every real defect comes with a fix
+    if errs and all(is_convertible(f) for f in errs.values()):
+        meta = convert(d, target, engine, tmp_path / "out", truth["version"])
+        assert meta["check"]["ok"] and check(tmp_path / "out", target, engine, truth["version"]).ok
+    elif errs:
+        with pytest.raises(SpecdeployError) as ei:
+            convert(d, target, engine, tmp_path / "out", truth["version"])
+        assert "cannot convert" in str(ei.value) and not (tmp_path / "out").exists()
+
+
+def test_kimi_document_eos_is_a_note_not_an_error(tmp_path, target):
+    d = write_drafter(tmp_path / "d")  # d2t holds <|im_end|> 163586, not [EOS] 163585
+    rep = check(d, target, "vllm")
+    assert rep.ok
+    notes = [f for f in rep.findings if f.subject == "d2t" and f.severity == "info"]
+    assert notes and "163585" in notes[0].message
+
+
+# --- corrupt input: clean errors, never a traceback ---------------------------------------------------------
+def _cli_check(d, target, *extra):
+    return subprocess.run([sys.executable, "-m", "specdeploy.cli", "drafter", "check", str(d), "--target",
+                           str(target), "--engine", "vllm", *extra], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("kind", ["truncated-half", "truncated-in-d2t", "header-list", "no-data-offsets",
+                                  "shape-string", "non-utf8", "bad-json", "empty"])
+def test_corrupt_checkpoints_are_clean_errors(tmp_path, target, kind):
+    d = write_drafter(tmp_path / "d")
+    f = d / "model.safetensors"
+    size = os.path.getsize(f)
+    from specdeploy.safetensors_io import checkpoint_tensors as ct
+    if kind == "truncated-half":
+        os.truncate(f, size // 2)
+    elif kind == "truncated-in-d2t":
+        os.truncate(f, ct(d)["d2t"].begin + 100)
+    elif kind == "empty":
+        f.write_bytes(b"")
+    else:
+        hdr = {"header-list": b"[1, 2, 3]", "no-data-offsets": b'{"a": {"dtype": "F32", "shape": [2]}}',
+               "shape-string": b'{"a": {"dtype": "F32", "shape": "x", "data_offsets": [0, 8]}}',
+               "non-utf8": b"\xff\xfe{}    ", "bad-json": b'{"a"'}[kind]
+        f.write_bytes(len(hdr).to_bytes(8, "little") + hdr + b"\0" * 8)
+    r = _cli_check(d, target)
+    assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout
+    assert "model.safetensors" in r.stderr and "Fix:" in r.stderr
+
+
+def test_bad_index_and_config_types_are_clean_errors(tmp_path, target):
+    d = write_drafter(tmp_path / "d")
+    (d / "model.safetensors.index.json").write_text('{"weight_map": {"fc.weight": "model-00002.safetensors"}}')
+    r = _cli_check(d, target)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "model-00002" in r.stderr
+    (d / "model.safetensors.index.json").unlink()
+    (d / "config.json").write_text('["not", "an", "object"]')
+    r = _cli_check(d, target)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "config.json" in r.stderr
+    (d / "config.json").write_text(json.dumps(drafter_config(num_hidden_layers="one", hidden_size=None)))
+    r = _cli_check(d, target)
+    assert r.returncode in (1, 2) and "Traceback" not in r.stderr + r.stdout
+
+
+def test_bin_only_checkpoint_is_not_inspectable_with_the_command(tmp_path, target):
+    d = tmp_path / "bin"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(drafter_config()))
+    (d / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not read")
+    rep = check(d, target, "vllm")
+    w = [f for f in rep.findings if f.subject == "safetensors" and f.severity == "warning"]
+    assert w and "pytorch_model.bin" in w[0].message and "save_file" in w[0].fix
+
+
+def test_engine_version_flag_and_unknown_version(tmp_path, target):
+    d = write_drafter(tmp_path / "d")
+    assert _cli_check(d, target, "--engine-version", "0.18.0").returncode == 0
+    r = _cli_check(d, target, "--engine-version", "9.9.9")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "0.33.0" in r.stderr
+
+
+def test_2gb_sparse_check_is_fast(tmp_path, target):
+    import time
+    d = write_drafter(tmp_path / "d")
+    check(d, target, "sglang")
+    t = time.perf_counter()
+    check(d, target, "sglang")
+    assert time.perf_counter() - t < 1.0  # loose bound; bench/bench_drafter_check.py measures (< 100 ms)

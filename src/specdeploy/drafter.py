@@ -1,26 +1,60 @@
-"""Drafter doctor: validate an EAGLE-3 drafter against its target for one engine, and convert it.
+"""Drafter doctor: validate an EAGLE-3 drafter against its target for one engine version, and convert it.
 
-Reads config.json and safetensors headers, plus only the small d2t/t2d tensors; never the weights.
-Conventions (see the project's research notes): vLLM and speculators number an aux layer L as the input of
-layer L and read the top-level ``eagle_aux_hidden_state_layer_ids``; SGLang, SpecForge and TorchSpec number it
-as the output of layer L (vLLM id - 1) and read ``eagle_config.eagle_aux_hidden_state_layer_ids``.
+Reads config.json and safetensors headers (through the safetensors library), plus only the small d2t/t2d
+tensors; never the weights. Every engine-specific rule comes from the engine adapter's ``DRAFTER`` table
+(engines/vllm.py, engines/sglang.py), keyed by version.
+
+Aux-layer numbering: vLLM and speculators number a tap L as the input of layer L and read the top-level
+``eagle_aux_hidden_state_layer_ids``; SGLang, SpecForge and TorchSpec number it as the output of layer L
+(vLLM id - 1) and read ``eagle_config.eagle_aux_hidden_state_layer_ids``. Internally taps are vLLM numbers.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import Report, SpecdeployError, Finding
+from .engines import sglang as sglang_facts
+from .engines import vllm as vllm_facts
+from .errors import Finding, Report, SpecdeployError
 from .modelcfg import TargetModel, load_json
-from .safetensors_io import SafetensorsError, TensorInfo, checkpoint_tensors, read_tensor, rewrite_names
+from .safetensors_io import (
+    BIN_CONVERT,
+    INDEX_FILE,
+    SafetensorsError,
+    TensorInfo,
+    bin_only,
+    checkpoint_tensors,
+    read_tensor,
+    rewrite_names,
+)
 
-LLAMA_ARCHS = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"}
-MLA_ARCHS = {"Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"}
 META_FILE = "specdeploy-conversion.json"
+ENGINES = {"vllm": vllm_facts, "sglang": sglang_facts}
+CONVERT = "run `specdeploy drafter convert --engine {engine}`"
+LAYER_RE = re.compile(r"^(?:layers\.(\d+)|midlayer)\.")
+EOT_RE = re.compile(r"im_end|eot|end_of_turn|<\|end\|>|<\|return\|>|<\|call\|>|eom_id|end_of_message", re.IGNORECASE)
+SGLANG_LLAMA = "LlamaForCausalLMEagle3"
+SGLANG_MLA = "Eagle3DeepseekV2ForCausalLM"
+
+
+def is_convertible(f: Finding) -> bool:
+    """Findings that `drafter convert` fixes (the drafter role converts before the engine starts)."""
+    return f.fix.startswith("run `specdeploy drafter convert")
+
+
+def resolve_version(engine: str, version: str | None) -> str:
+    facts = ENGINES[engine]
+    if version is None:
+        return facts.VERSIONS[-1]
+    if version not in facts.VERSIONS:
+        raise SpecdeployError([Finding("error", "--engine-version", f"{engine} {version} is not a version "
+                                       "specdeploy knows", f"use one of {', '.join(facts.VERSIONS)}")])
+    return version
 
 
 @dataclass
@@ -30,98 +64,225 @@ class Drafter:
     fmt: str  # llama | speculators | mla | unknown
     layer: dict  # the decoder-layer config
     tensors: dict[str, TensorInfo]
+    bin_files: list[str]
 
     @classmethod
-    def load(cls, path: Path) -> "Drafter":
+    def load(cls, path: Path) -> Drafter:
         cfg = load_json(path / "config.json", "drafter config.json")
-        archs = set(cfg.get("architectures") or [])
+        if not isinstance(cfg, dict):
+            raise SpecdeployError([Finding("error", "drafter config.json", f"{path / 'config.json'} is not a "
+                                           "JSON object", "restore the drafter's config.json")])
+        archs = [a for a in (cfg.get("architectures") or []) if isinstance(a, str)]
         if cfg.get("speculators_model_type") == "eagle3":
-            fmt, layer = "speculators", dict(cfg.get("transformer_layer_config") or {})
-        elif archs & MLA_ARCHS:
+            tlc = cfg.get("transformer_layer_config")
+            fmt, layer = "speculators", dict(tlc) if isinstance(tlc, dict) else {}
+        elif any("Deepseek" in a and "Eagle3" in a for a in archs):
             fmt, layer = "mla", cfg
-        elif archs & LLAMA_ARCHS:
+        elif any("eagle3" in a.lower() for a in archs) or "LlamaForCausalLM" in archs:
             fmt, layer = "llama", cfg
         else:
             fmt, layer = "unknown", cfg
         try:
             ts = checkpoint_tensors(path)
         except SafetensorsError as exc:
-            raise SpecdeployError([Finding("error", "safetensors", str(exc), "re-export the drafter checkpoint")])
+            raise SpecdeployError([Finding("error", "safetensors", str(exc),
+                                           "re-download or re-export the drafter checkpoint")]) from None
         # vLLM and SGLang both strip a leading "model." when loading
-        ts = {(n[6:] if n.startswith("model.") else n): t for n, t in ts.items()}
-        return cls(path, cfg, fmt, layer, ts)
+        ts = {n.removeprefix("model."): t for n, t in ts.items()}
+        return cls(path, cfg, fmt, layer, ts, bin_only(path))
+
+    def _int(self, key: str, *sources) -> int:
+        for src in sources:
+            v = src.get(key)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+        return 0
 
     @property
     def hidden(self) -> int:
-        return int(self.layer.get("hidden_size") or self.config.get("hidden_size") or 0)
+        return self._int("hidden_size", self.layer, self.config)
 
     @property
     def target_hidden(self) -> int:
-        return int(self.config.get("target_hidden_size") or self.layer.get("target_hidden_size") or self.hidden)
+        return self._int("target_hidden_size", self.config, self.layer) or self.hidden
 
     @property
     def vocab(self) -> int:
-        return int(self.layer.get("vocab_size") or self.config.get("vocab_size") or 0)
+        return self._int("vocab_size", self.layer, self.config)
 
     @property
     def draft_vocab(self) -> int:
-        return int(self.config.get("draft_vocab_size") or self.layer.get("draft_vocab_size") or self.vocab)
+        return self._int("draft_vocab_size", self.config, self.layer) or self.vocab
+
+    @property
+    def declares_draft_vocab(self) -> bool:
+        return isinstance(self.config.get("draft_vocab_size") or self.layer.get("draft_vocab_size"), int)
+
+    @property
+    def num_layers(self) -> int:
+        return self._int("num_hidden_layers", self.layer) or 1
+
+    @property
+    def heads(self) -> int:
+        return self._int("num_attention_heads", self.layer)
+
+    @property
+    def head_dim(self) -> int:
+        return self._int("head_dim", self.layer) or (self.hidden // self.heads if self.heads else 0)
+
+    def tensor_layers(self) -> set[int]:
+        out = set()
+        for n in self.tensors:
+            m = LAYER_RE.match(n)
+            if m:
+                out.add(int(m.group(1) or 0))
+        return out
 
     def top_aux(self):
         return self.config.get("eagle_aux_hidden_state_layer_ids")
 
     def nested_aux(self):
-        ec = self.config.get("eagle_config") or {}
-        return ec.get("eagle_aux_hidden_state_layer_ids")
+        ec = self.config.get("eagle_config")
+        return ec.get("eagle_aux_hidden_state_layer_ids") if isinstance(ec, dict) else None
 
-    def norm_before_residual(self):
-        """(value, explicit): the value the engine will use, and whether the config states it."""
+    def norm_before_residual(self, engine: str) -> bool:
+        """The value the engine runs with."""
         if "norm_before_residual" in self.config:
-            return bool(self.config["norm_before_residual"]), True
-        # vLLM's speculators loader defaults True, its flat loader False.
-        return (self.fmt == "speculators"), False
+            return bool(self.config["norm_before_residual"])
+        return self.fmt == "speculators" and vllm_facts.DRAFTER["speculators_norm_before_residual_default"]
 
 
 def default_aux(layers: int) -> list[int]:
     return [2, layers // 2, layers - 3]
 
 
-def check(drafter_dir: Path, target_dir: Path, engine: str) -> Report:
+def _ids_ok(ids) -> bool:
+    return isinstance(ids, list) and len(ids) == 3 and all(isinstance(i, int) and not isinstance(i, bool)
+                                                            for i in ids)
+
+
+def end_of_turn_ids(t: TargetModel) -> tuple[set[int], dict[int, str]]:
+    """(end-of-turn token ids of the chat template, names of the target's special tokens) as far as the
+    target's tokenizer_config.json tells; empty when the target directory carries no tokenizer files."""
+    names: dict[int, str] = {}
+    template = ""
+    tc = t.path / "tokenizer_config.json"
+    if tc.is_file():
+        try:
+            data = json.loads(tc.read_text())
+            for k, v in (data.get("added_tokens_decoder") or {}).items():
+                if isinstance(v, dict) and isinstance(v.get("content"), str) and str(k).isdigit():
+                    names[int(k)] = v["content"]
+            ct = data.get("chat_template")
+            template = ct if isinstance(ct, str) else ""
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            pass
+    jinja = t.path / "chat_template.jinja"
+    if jinja.is_file():
+        template += jinja.read_text(errors="replace")
+    eot = {i for i, n in names.items() if EOT_RE.search(n) and (not template or n in template)}
+    return eot, names
+
+
+# ---------------------------------------------------------------------------------------------------------
+def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None = None) -> Report:
     rep = Report()
-    if engine not in ("vllm", "sglang"):
+    if engine not in ENGINES:
         rep.add("error", "--engine", f"unknown engine '{engine}'", "use vllm or sglang")
         return rep
+    version = resolve_version(engine, version)
     target = TargetModel.load(target_dir)
     d = Drafter.load(drafter_dir)
-    _check_format(d, rep)
-    if d.fmt == "unknown":
+    rep.add("info", "engine", f"rules of {engine} {version}")
+    if not _check_format(d, engine, version, rep):
         return rep
     _check_sizes(d, target, rep)
     if d.tensors:
-        _check_shapes(d, target, rep)
+        _check_layers(d, engine, version, rep)
+        _check_shapes(d, rep)
+        _check_lm_head(d, target, engine, rep)
         _check_vocab(d, target, rep)
-        _check_names(d, engine, rep)
+        _check_names(d, engine, version, rep)
+    elif d.bin_files:
+        rep.add("warning", "safetensors", f"only PyTorch pickle weights ({', '.join(d.bin_files[:3])}): tensor "
+                "shapes, layer count, lm_head and d2t cannot be inspected without executing the pickle",
+                f"convert them once, in the drafter directory: {BIN_CONVERT}")
     else:
         rep.add("warning", "safetensors", f"no *.safetensors in {drafter_dir}: a config-only copy, so tensor "
                 "shapes, d2t/t2d and weight names were not checked", "the drafter role checks the full "
                 "checkpoint on the host; or point the check at the full drafter")
-    _check_aux(d, target, engine, rep)
+    _check_aux(d, target, engine, version, rep)
     _check_norm(d, engine, rep)
     return rep
 
 
-def _check_format(d: Drafter, rep: Report):
+def _check_format(d: Drafter, engine: str, version: str, rep: Report) -> bool:
+    facts = ENGINES[engine].DRAFTER
+    fix = CONVERT.format(engine=engine)
     if d.fmt == "unknown":
         rep.add("error", "architectures", f"{d.config.get('architectures')} is not an EAGLE-3 drafter format",
                 "use LlamaForCausalLMEagle3 / Eagle3LlamaForCausalLM, a speculators eagle3 config, or "
                 "Eagle3DeepseekV2ForCausalLM")
-        return
+        return False
     rep.add("info", "format", {"llama": "flat Llama EAGLE-3", "speculators": "speculators eagle3",
                                "mla": "MLA EAGLE-3 (DeepSeek-style)"}[d.fmt])
-    n = int(d.layer.get("num_hidden_layers") or 1)
-    if d.fmt == "mla" and n != 1:
-        rep.add("error", "num_hidden_layers", f"the MLA drafter has {n} layers; the engines require exactly 1",
-                "re-export the drafter with num_hidden_layers: 1")
+    archs = [a for a in (d.config.get("architectures") or []) if isinstance(a, str)]
+    if d.fmt == "speculators":
+        _check_speculators(d, engine, version, rep)
+        if engine == "sglang":
+            rep.add("error", "speculators_model_type", "SGLang does not read the speculators format "
+                    "(transformer_layer_config is ignored)", f"{fix} (writes a flat {SGLANG_LLAMA} config)")
+        return True
+    if engine == "vllm":
+        resolved = [a if a.startswith("Eagle3") or a.endswith("Eagle3") else "Eagle3" + a for a in archs]
+        ok = [a for a in resolved if a in facts["archs"] and facts["archs"][a].contains(version)]
+        if not ok:
+            if d.fmt == "mla":
+                rep.add("error", "architectures", f"vLLM {version} has no MLA EAGLE-3 drafter ({archs} -> "
+                        f"{resolved})", "use vLLM 0.18.0 or later")
+            else:
+                rep.add("error", "architectures", f"{archs} resolve to {resolved} for method eagle3, none of "
+                        f"which vLLM {version} registers", f"{fix} (writes LlamaForCausalLMEagle3)")
+    else:
+        ok = [a for a in archs if a in facts["archs"] and facts["archs"][a].contains(version)]
+        if not ok:
+            if d.fmt == "mla" and not facts["archs"][SGLANG_MLA].contains(version):
+                rep.add("error", "architectures", f"SGLang {version} has no MLA EAGLE-3 drafter",
+                        f"use SGLang {facts['archs'][SGLANG_MLA].since} or later, or vLLM")
+            else:
+                want = SGLANG_MLA if d.fmt == "mla" else SGLANG_LLAMA
+                rep.add("error", "architectures", f"SGLang loads EAGLE-3 drafters only as {want}; {archs} "
+                        "does not match any model class", f"{fix} (writes {want})")
+    return True
+
+
+def _check_speculators(d: Drafter, engine: str, version: str, rep: Report):
+    cfg = d.config
+    if not isinstance(cfg.get("transformer_layer_config"), dict):
+        rep.add("error", "transformer_layer_config", "missing or not an object: the decoder layer is "
+                "undefined", "re-export the drafter with speculators")
+        return
+    sc = cfg.get("speculators_config")
+    methods = sc.get("proposal_methods") if isinstance(sc, dict) else None
+    if not (isinstance(methods, list) and methods and isinstance(methods[0], dict)
+            and isinstance(methods[0].get("speculative_tokens"), int)):
+        rep.add("error", "speculators_config.proposal_methods", "missing, or its first entry has no "
+                "speculative_tokens: vLLM refuses the config (Invalid speculators config structure)",
+                "re-export with speculators, or add proposal_methods: [{proposal_type: greedy, "
+                "speculative_tokens: 3}]")
+    verifier = sc.get("verifier") if isinstance(sc, dict) else None
+    if engine == "vllm" and not (isinstance(verifier, dict) and isinstance(verifier.get("name_or_path"), str)):
+        rep.add("error", "speculators_config.verifier", "no verifier.name_or_path: vLLM refuses the config "
+                "(Invalid speculators config structure)", CONVERT.format(engine=engine) +
+                " (records the target as the verifier)")
+    if engine == "vllm":
+        mt = d.layer.get("model_type", "llama")
+        span = vllm_facts.DRAFTER["speculators_model_types"].get(mt)
+        if span is None or not span.contains(version):
+            rep.add("error", "transformer_layer_config.model_type", f"vLLM {version} builds speculators "
+                    f"EAGLE-3 drafters only for model_type " + ", ".join(
+                        k for k, s in vllm_facts.DRAFTER["speculators_model_types"].items() if s.contains(version))
+                    + f", not {mt!r}", "use a vLLM version that supports it")
 
 
 def _check_sizes(d: Drafter, t: TargetModel, rep: Report):
@@ -137,6 +298,35 @@ def _check_sizes(d: Drafter, t: TargetModel, rep: Report):
                 "draft_vocab_size must be at most vocab_size")
 
 
+def _check_layers(d: Drafter, engine: str, version: str, rep: Report):
+    have = d.tensor_layers()
+    n = d.num_layers
+    if not have:
+        rep.add("error", "layers", "no decoder-layer weights (neither layers.N.* nor midlayer.*)",
+                "export the decoder layer weights")
+        return
+    if have != set(range(len(have))):
+        rep.add("error", "layers", f"decoder layers {sorted(have)} are not numbered 0..{len(have) - 1}",
+                "re-export the drafter")
+        return
+    if len(have) != n:
+        what = ("the engines build all of them and run the missing ones with uninitialised weights, without "
+                "an error" if len(have) < n else "the engines build only those and ignore or reject the rest")
+        rep.add("error", "num_hidden_layers", f"the config says {n} decoder layer(s), the checkpoint holds "
+                f"weights for {len(have)}: {what}",
+                CONVERT.format(engine=engine) + f" (sets num_hidden_layers: {len(have)})")
+        n = len(have)
+    if engine == "sglang" and n > 1:
+        facts = sglang_facts.DRAFTER
+        if d.fmt == "mla" and n > facts["mla_max_layers"]:
+            rep.add("error", "num_hidden_layers", f"SGLang's MLA EAGLE-3 drafter supports exactly "
+                    f"{facts['mla_max_layers']} layer; this one has {n}", "serve this drafter with vLLM")
+        elif d.fmt != "mla" and not facts["llama_multi_layer"].contains(version):
+            rep.add("error", "num_hidden_layers", f"SGLang {version}'s Llama EAGLE-3 drafter supports exactly "
+                    f"1 layer; this one has {n}", f"use SGLang {facts['llama_multi_layer'].since} or later, "
+                    "or vLLM")
+
+
 def _shape(d: Drafter, *names):
     for n in names:
         if n in d.tensors:
@@ -144,33 +334,73 @@ def _shape(d: Drafter, *names):
     return None, None
 
 
-def _check_shapes(d: Drafter, t: TargetModel, rep: Report):
-    h = d.hidden
+def _check_shapes(d: Drafter, rep: Report):
+    h, th = d.hidden, d.target_hidden
     name, shape = _shape(d, "fc.weight")
     if shape is None:
         rep.add("error", "fc.weight", "missing", "the drafter checkpoint must contain fc.weight")
-    elif shape[1] == 4 * d.target_hidden:
+    elif len(shape) == 2 and shape[1] == 4 * th:
         rep.add("error", "fc.weight", f"shape {list(shape)} fuses 4 hidden states; EAGLE-3 engines build fc "
-                f"for 3 (expected [{h}, {3 * d.target_hidden}])",
-                "retrain/export without the final-layer state in fc (3 aux layers)")
-    elif tuple(shape) != (h, 3 * d.target_hidden):
-        rep.add("error", "fc.weight", f"shape {list(shape)}, expected [{h}, {3 * d.target_hidden}]",
+                f"for 3 (expected [{h}, {3 * th}])", "retrain/export without the final-layer state in fc (3 aux layers)")
+    elif tuple(shape) != (h, 3 * th):
+        rep.add("error", "fc.weight", f"shape {list(shape)}, expected [{h}, {3 * th}]",
                 "export the drafter for this target's hidden size")
-    name, shape = _shape(d, "lm_head.weight")
-    if shape is None:
-        rep.add("error", "lm_head.weight", "missing: with a draft vocabulary the engines need the drafter's lm_head",
-                "include lm_head.weight in the checkpoint")
-    elif tuple(shape) != (d.draft_vocab, h):
-        rep.add("error", "lm_head.weight", f"shape {list(shape)}, expected [{d.draft_vocab}, {h}]",
-                "make draft_vocab_size match the lm_head rows")
-    if d.fmt in ("llama", "speculators"):
-        name, shape = _shape(d, "layers.0.self_attn.q_proj.weight", "midlayer.self_attn.q_proj.weight")
-        if shape is None:
-            rep.add("error", "layers.0.self_attn.q_proj.weight", "missing (neither layers.0.* nor midlayer.*)",
-                    "export the decoder layer weights")
-        elif shape[1] != 2 * h:
-            rep.add("error", name, f"input width {shape[1]}, expected 2*hidden = {2 * h} (embeddings + fc output)",
-                    "this is not an EAGLE-3 first layer; re-export the drafter")
+    if d.fmt == "mla":
+        return  # MLA projections (q_a/kv_a/...) are checked by the engine's own loader
+    heads, hd = d.heads, d.head_dim
+    kv = d._int("num_key_value_heads", d.layer) or heads
+    inter = d._int("intermediate_size", d.layer)
+    bad = []
+    for i in sorted(d.tensor_layers()):
+        pre = [f"layers.{i}."] + (["midlayer."] if i == 0 else [])
+        width = 2 * h if i == 0 else h
+        want = {"self_attn.q_proj.weight": (heads * hd, width), "self_attn.k_proj.weight": (kv * hd, width),
+                "self_attn.v_proj.weight": (kv * hd, width), "self_attn.o_proj.weight": (h, heads * hd),
+                "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h),
+                "mlp.down_proj.weight": (h, inter)}
+        for suffix, shp in want.items():
+            name, got = _shape(d, *(p + suffix for p in pre))
+            if got is None:
+                rep.add("error", f"{pre[0]}{suffix}", "missing: the engine leaves it uninitialised",
+                        "export every decoder-layer weight")
+            elif tuple(got) != shp:
+                bad.append(f"{name} {list(got)} != {list(shp)}")
+    if bad:
+        rep.add("error", "layer shapes", f"{len(bad)} weight(s) do not match the config (heads {heads} x head_dim "
+                f"{hd}, kv heads {kv}, intermediate {inter}, hidden {h}; layer 0 reads 2*hidden): "
+                + "; ".join(bad[:3]), "fix num_attention_heads / num_key_value_heads / head_dim / "
+                "intermediate_size to the trained values, or re-export")
+
+
+def _check_lm_head(d: Drafter, t: TargetModel, engine: str, rep: Report):
+    _, shape = _shape(d, "lm_head.weight")
+    h = d.hidden
+    if shape is not None:
+        if tuple(shape) != (d.draft_vocab, h):
+            rep.add("error", "lm_head.weight", f"shape {list(shape)}, expected [{d.draft_vocab}, {h}]",
+                    "make draft_vocab_size match the lm_head rows")
+        return
+    if d.draft_vocab < t.vocab:
+        rep.add("error", "lm_head.weight", f"missing, but the draft vocabulary ({d.draft_vocab}) is smaller than "
+                f"the target's ({t.vocab}): the target's head cannot stand in", "include lm_head.weight")
+        return
+    if h != t.hidden:
+        rep.add("error", "lm_head.weight", f"missing, and the target's lm_head is [{t.vocab}, {t.hidden}], not "
+                f"[{t.vocab}, {h}]", "include lm_head.weight")
+        return
+    if engine == "vllm":
+        rep.add("info", "lm_head.weight", "not in the checkpoint: vLLM shares the target's lm_head (the draft "
+                "vocabulary is the target's)")
+    elif d.fmt == "mla":
+        rep.add("warning", "lm_head.weight", "not in the checkpoint: whether SGLang's MLA drafter takes the "
+                "target's lm_head is not verified", "include lm_head.weight, or serve with vLLM")
+    elif d.declares_draft_vocab and d.fmt != "speculators":
+        rep.add("error", "lm_head.weight", "not in the checkpoint and draft_vocab_size is set: SGLang then "
+                "builds its own lm_head and leaves it uninitialised (it loads the target's only when "
+                "draft_vocab_size is absent)", CONVERT.format(engine=engine) + " (drops draft_vocab_size, which "
+                "equals vocab_size)")
+    else:
+        rep.add("info", "lm_head.weight", "not in the checkpoint: SGLang loads the target's lm_head")
 
 
 def _check_vocab(d: Drafter, t: TargetModel, rep: Report):
@@ -200,98 +430,132 @@ def _check_vocab(d: Drafter, t: TargetModel, rep: Report):
     if t2d is not None:
         if t2d.shape != (t.vocab,):
             rep.add("error", "t2d", f"shape {list(t2d.shape)}, expected [{t.vocab}]", "rebuild the vocab map")
+        elif t2d.dtype not in ("BOOL", "U8", "I8", "I32", "I64"):
+            rep.add("error", "t2d", f"dtype {t2d.dtype} is not a mask type", "save t2d as bool")
         else:
             mask = read_tensor(t2d)
             if sum(bool(x) for x in mask) != d.draft_vocab or not all(mask[x] for x in ids if 0 <= x < t.vocab):
                 rep.add("error", "t2d", "t2d does not agree with d2t", "rebuild t2d from the same selection as d2t")
+    _check_eos(set(ids), t, rep)
+
+
+def _check_eos(ids: set[int], t: TargetModel, rep: Report):
     eos = t.eos_ids()
-    missing = sorted(eos - set(ids))
-    if missing:
-        rep.add("error", "d2t", f"the target's EOS token(s) {missing} are not in the draft vocabulary: drafts "
-                "never propose the end of a turn", "force-include the EOS and chat-template special tokens")
+    eot, names = end_of_turn_ids(t)
+    stops = eot or eos  # without tokenizer files every stop id of the target counts as an end of turn
+    if not stops:
+        return
+    label = lambda xs: ", ".join(f"{x} {names[x]!r}" if x in names else str(x) for x in sorted(xs))
+    if not stops & ids:
+        rep.add("error", "d2t", f"no end-of-turn token of the target ({label(stops)}) is in the draft "
+                "vocabulary: drafts never propose the end of a turn", "rebuild d2t with the chat template's "
+                "end-of-turn and special tokens forced in")
+        return
+    doc = sorted(eos - ids - (eot & ids))
+    if doc:
+        rep.add("info", "d2t", f"document EOS id(s) {label(doc)} are not in the draft vocabulary (the "
+                f"end-of-turn token {label(stops & ids)} is): chat turns end normally; raw completions that stop "
+                "only at the document EOS are verified by the target")
 
 
-def _check_names(d: Drafter, engine: str, rep: Report):
+def _check_names(d: Drafter, engine: str, version: str, rep: Report):
+    if engine != "sglang" or d.fmt == "mla" or sglang_facts.DRAFTER["llama_multi_layer"].contains(version):
+        return
     legacy = [n for n in d.tensors if n.startswith("layers.0.")]
-    if engine == "sglang" and d.fmt in ("llama", "speculators") and legacy:
-        rep.add("error", "layers.0.*", f"{len(legacy)} tensors are named layers.0.*; SGLang's Llama EAGLE-3 "
-                "loader only matches midlayer.* and silently drops the rest (random decoder layer)",
-                "run `specdeploy drafter convert --engine sglang` (renames layers.0. -> midlayer.)")
+    if legacy:
+        rep.add("error", "layers.0.*", f"{len(legacy)} tensors are named layers.0.*; SGLang {version}'s Llama "
+                "EAGLE-3 loader only matches midlayer.* and silently drops the rest (random decoder layer)",
+                CONVERT.format(engine=engine) + " (renames layers.0. -> midlayer.)")
 
 
-def _check_aux(d: Drafter, t: TargetModel, engine: str, rep: Report):
+# --- aux layers -------------------------------------------------------------------------------------------
+def trained_taps(d: Drafter) -> tuple[list[int] | None, str]:
+    """The taps the drafter was trained on, in vLLM numbering, and where they were read."""
+    top, nested = d.top_aux(), d.nested_aux()
+    if _ids_ok(top):
+        return list(top), "top-level eagle_aux_hidden_state_layer_ids (vLLM numbering)"
+    if _ids_ok(nested):
+        return [x + 1 for x in nested], "eagle_config.eagle_aux_hidden_state_layer_ids (SGLang numbering)"
+    return None, "no aux ids in the config"
+
+
+def engine_taps(d: Drafter, t: TargetModel, engine: str, version: str) -> tuple[list[int] | None, str]:
+    """The taps (vLLM numbering) the engine version captures for this config; None when not pinned down."""
     top, nested = d.top_aux(), d.nested_aux()
     dflt = default_aux(t.layers)
-    for key, ids in (("eagle_aux_hidden_state_layer_ids", top),
-                     ("eagle_config.eagle_aux_hidden_state_layer_ids", nested)):
-        if ids is not None and (len(ids) != 3 or not all(isinstance(i, int) and 0 <= i <= t.layers for i in ids)):
-            rep.add("error", key, f"{ids} is not three layer ids within the target's {t.layers} layers",
-                    "fc takes exactly three aux hidden states; give three ids")
-            return
-    if top is not None and nested is not None:
-        if [x - 1 for x in top] == list(nested):
-            rep.add("info", "aux layers", f"vLLM ids {top} and SGLang ids {nested} describe the same taps")
-        elif list(top) == list(nested):
-            rep.add("error", "aux layers", f"the same numbers {top} under both keys: one of them is off by one "
-                    "(vLLM counts layer inputs, SGLang layer outputs)",
-                    "keep the key of the convention the drafter was trained with and re-run convert")
-            return
-        else:
-            rep.add("error", "aux layers", f"top-level {top} and nested {nested} disagree",
-                    "keep only the key written by the trainer and re-run convert")
-            return
     if engine == "vllm":
-        if top is None and nested is not None:
-            equiv = [x + 1 for x in nested]
-            if equiv == dflt:
-                rep.add("warning", "eagle_aux_hidden_state_layer_ids", f"vLLM does not read the nested key; it "
-                        f"falls back to its default {dflt}, which equals the nested {nested} +1",
-                        "run `specdeploy drafter convert --engine vllm` to make it explicit")
-            else:
-                rep.add("error", "eagle_aux_hidden_state_layer_ids", f"vLLM ignores the nested SGLang-style ids "
-                        f"{nested} and uses its default {dflt}, not the trained taps {equiv}",
-                        "run `specdeploy drafter convert --engine vllm` (writes the top-level ids)")
-        elif top is None:
-            rep.add("warning", "eagle_aux_hidden_state_layer_ids", f"not set: vLLM uses the target default {dflt}",
-                    "state the trained taps explicitly (convert writes them)")
-    else:
-        if nested is None and top is not None:
-            if list(top) == dflt:
-                rep.add("warning", "eagle_config.eagle_aux_hidden_state_layer_ids", "SGLang reads only the "
-                        f"nested key; its default capture equals vLLM ids {dflt}, so {top} still holds",
-                        "run `specdeploy drafter convert --engine sglang` to make it explicit")
-            else:
-                rep.add("error", "eagle_config.eagle_aux_hidden_state_layer_ids", f"SGLang ignores the top-level "
-                        f"vLLM ids {top} and captures its default instead",
-                        f"run `specdeploy drafter convert --engine sglang` (writes nested {[x - 1 for x in top]})")
-        elif nested is None:
-            rep.add("warning", "eagle_config.eagle_aux_hidden_state_layer_ids", "not set: SGLang uses the target "
-                    "default", "state the trained taps explicitly (convert writes them)")
+        f = vllm_facts.DRAFTER
+        if _ids_ok(top):
+            return list(top), "top-level key"
+        if _ids_ok(nested):
+            if f["aux_nested_read_as_is"].contains(version):
+                return list(nested), "nested key read as vLLM numbers"
+            if f["aux_nested_ignored"].contains(version):
+                return dflt, "default (the nested key is ignored)"
+            return None, f"vLLM {version} either ignores the nested key or reads it without +1"
+        return dflt, "default"
+    f = sglang_facts.DRAFTER
+    if _ids_ok(nested):
+        if f["aux_deepseek_heuristic"].contains(version) and t.is_kimi_or_deepseek and nested[0] != 1:
+            return list(nested), "nested key taken as-is by the DeepSeek/Kimi target (first id is not 1)"
+        return [x + 1 for x in nested], "nested key"
+    return dflt, "default (SGLang reads only the nested key)"
+
+
+def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Report):
+    top, nested = d.top_aux(), d.nested_aux()
+    n = t.layers
+    for key, ids, limit in (("eagle_aux_hidden_state_layer_ids", top, n - 1),
+                            ("eagle_config.eagle_aux_hidden_state_layer_ids", nested, n - 2)):
+        if ids is None:
+            continue
+        if not _ids_ok(ids):
+            rep.add("error", key, f"{ids} is not three integer layer ids", "fc takes exactly three aux hidden "
+                    "states; give three ids")
+            return
+        out = [i for i in ids if not 0 <= i <= limit]
+        if out:
+            rep.add("error", key, f"{out} out of range: the target has {n} layers, so "
+                    + (f"vLLM captures layer inputs 0..{n - 1}; a higher id is never captured" if limit == n - 1 else
+                       f"SGLang ids (layer outputs) go up to {limit}; the final layer's output is never captured"),
+                    "use the taps the drafter was trained on; an id equal to the layer count is never captured")
+            return
+    if _ids_ok(top) and _ids_ok(nested) and [x - 1 for x in top] != list(nested):
+        same = list(top) == list(nested)
+        taps, how = engine_taps(d, t, engine, version)
+        if taps != list(top):
+            msg = (f"the same numbers {top} under both keys: one of them is off by one (vLLM counts layer inputs, "
+                   "SGLang layer outputs)" if same else f"top-level {top} and nested {nested} disagree")
+            rep.add("error", "aux layers", f"{msg}; {engine} {version} would capture {taps} ({how})",
+                    "keep only the key the trainer wrote and re-run convert")
+            return
+    trained, source = trained_taps(d)
+    taps, how = engine_taps(d, t, engine, version)
+    fix = CONVERT.format(engine=engine) + " (writes both keys explicitly)"
+    key = "eagle_aux_hidden_state_layer_ids" if engine == "vllm" else "eagle_config.eagle_aux_hidden_state_layer_ids"
+    if trained is None:
+        rep.add("info", key, f"no aux ids in the config: {engine} captures {taps} (vLLM numbering), the target "
+                "default every trainer uses when none are given")
+        return
+    if taps is None:
+        rep.add("warning", key, f"trained taps {trained} (from {source}); {how}: not pinned down for this "
+                "version", fix)
+    elif taps != trained:
+        rep.add("error", key, f"{engine} {version} captures {taps} ({how}), but the drafter was trained on "
+                f"{trained} (from {source}, vLLM numbering)", fix)
+    elif (engine == "vllm" and not _ids_ok(top)) or (engine == "sglang" and not _ids_ok(nested)):
+        rep.add("info", key, f"not set; {engine} captures {taps} ({how}), which equals the trained taps")
 
 
 def _check_norm(d: Drafter, engine: str, rep: Report):
-    value, explicit = d.norm_before_residual()
-    if engine == "sglang" and d.fmt in ("llama", "speculators") and value:
-        rep.add("error", "norm_before_residual", "True, but SGLang's Llama EAGLE-3 drafter implements only False: "
-                "the drafter would run with the wrong residual math", "serve this drafter with vLLM")
-    elif not explicit:
-        rep.add("warning", "norm_before_residual", f"not set: {'the speculators loader assumes True' if value else 'vLLM assumes False'}"
-                " and the engines disagree on the default", "state the trained value (convert writes it)")
+    nbr = d.norm_before_residual(engine)
+    if engine == "sglang" and d.fmt in ("llama", "speculators") and nbr:
+        why = "" if "norm_before_residual" in d.config else " (speculators configs default it to True)"
+        rep.add("error", "norm_before_residual", f"True{why}, but SGLang's Llama EAGLE-3 drafter implements only "
+                "False: the drafter would run with the wrong residual math", "serve this drafter with vLLM")
 
 
 # ---------------------------------------------------------------------------------------------------------
-def _aux_vllm_ids(d: Drafter, t: TargetModel) -> tuple[list[int], str]:
-    top, nested = d.top_aux(), d.nested_aux()
-    if top is not None and nested is not None and list(top) == list(nested):
-        raise SpecdeployError([Finding("error", "aux layers", f"ambiguous: {top} under both keys",
-                                       "remove the key that does not match the training convention")])
-    if top is not None:
-        return list(top), "top-level (vLLM convention)"
-    if nested is not None:
-        return [x + 1 for x in nested], "eagle_config (SGLang convention)"
-    return default_aux(t.layers), "target default"
-
-
 def _link_or_copy(src: Path, dst: Path):
     try:
         os.link(src, dst)
@@ -299,34 +563,69 @@ def _link_or_copy(src: Path, dst: Path):
         shutil.copy2(src, dst)
 
 
-def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path) -> dict:
-    """Write an engine-ready copy of the drafter in ``out``; refuse when no correct conversion exists."""
-    pre = check(drafter_dir, target_dir, engine)
-    fixable = {"layers.0.*", "eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"}
-    blocking = [f for f in pre.errors if f.subject not in fixable]
+def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version: str | None = None) -> dict:
+    """Write an engine-ready copy of the drafter in ``out``; refuse, saying why, when no correct conversion
+    exists. Fixes: architecture name, speculators verifier / flattening, aux-id keys, num_hidden_layers from
+    the tensors, draft_vocab_size for a shared lm_head, and the layers.0./midlayer. layout."""
+    if engine not in ENGINES:
+        raise SpecdeployError([Finding("error", "--engine", f"unknown engine '{engine}'", "use vllm or sglang")])
+    version = resolve_version(engine, version)
+    pre = check(drafter_dir, target_dir, engine, version)
+    blocking = [f for f in pre.errors if not is_convertible(f)]
     if blocking:
         raise SpecdeployError([Finding("error", f.subject, f"cannot convert: {f.message}", f.fix)
                                for f in blocking])
     d, t = Drafter.load(drafter_dir), TargetModel.load(target_dir)
-    vllm_ids, source = _aux_vllm_ids(d, t)
-    nbr, _ = d.norm_before_residual()
+    trained, source = trained_taps(d)
+    taps = trained or default_aux(t.layers)
+    nbr = d.norm_before_residual(engine)
     cfg = json.loads(json.dumps(d.config))
     actions = []
     if d.fmt == "speculators" and engine == "sglang":
         flat = dict(d.layer)
-        flat.update({"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": d.draft_vocab,
+        flat.update({"architectures": [SGLANG_LLAMA], "draft_vocab_size": d.draft_vocab,
                      "target_hidden_size": d.target_hidden})
         cfg = flat
-        actions.append("flattened the speculators config into LlamaForCausalLMEagle3 for SGLang")
-    cfg["eagle_aux_hidden_state_layer_ids"] = vllm_ids
-    cfg.setdefault("eagle_config", {})
-    cfg["eagle_config"] = dict(cfg["eagle_config"], eagle_aux_hidden_state_layer_ids=[x - 1 for x in vllm_ids],
-                               use_aux_hidden_state=True)
-    cfg["norm_before_residual"] = nbr
-    actions.append(f"aux layers from {source}: vLLM ids {vllm_ids} (top level), SGLang ids "
-                   f"{[x - 1 for x in vllm_ids]} (eagle_config)")
-    actions.append(f"norm_before_residual written explicitly as {nbr}")
-    rename_layers = engine == "sglang" and d.fmt in ("llama", "speculators")
+        actions.append(f"flattened the speculators config into {SGLANG_LLAMA} for SGLang")
+    elif d.fmt == "speculators":
+        sc = cfg.setdefault("speculators_config", {})
+        if not isinstance(sc.get("verifier"), dict) or not isinstance(sc["verifier"].get("name_or_path"), str):
+            sc["verifier"] = {"name_or_path": str(target_dir.resolve()), "architectures": t.architectures}
+            actions.append(f"recorded the target {target_dir} as speculators_config.verifier")
+    elif any(f.subject == "architectures" for f in pre.errors):
+        want = (SGLANG_MLA if d.fmt == "mla" else SGLANG_LLAMA) if engine == "sglang" else SGLANG_LLAMA
+        actions.append(f"architectures {cfg.get('architectures')} -> [{want}]")
+        cfg["architectures"] = [want]
+    layer_cfg = cfg["transformer_layer_config"] if d.fmt == "speculators" and engine == "vllm" else cfg
+    have = d.tensor_layers()
+    if d.tensors and have and len(have) != d.num_layers:
+        layer_cfg["num_hidden_layers"] = len(have)
+        actions.append(f"num_hidden_layers {d.num_layers} -> {len(have)} (the layers the checkpoint holds)")
+    if any(f.subject == "lm_head.weight" and is_convertible(f) for f in pre.errors):
+        cfg.pop("draft_vocab_size", None)
+        actions.append("dropped draft_vocab_size (= vocab_size) so SGLang loads the target's lm_head")
+    nested = [x - 1 for x in taps]
+    if (engine == "sglang" and sglang_facts.DRAFTER["aux_deepseek_heuristic"].contains(version)
+            and t.is_kimi_or_deepseek and nested[0] != 1):
+        nested = list(taps)  # this target takes ids whose first is not 1 as they are
+    if d.fmt == "speculators" and engine == "vllm":
+        cfg["eagle_aux_hidden_state_layer_ids"] = taps
+    else:
+        cfg["eagle_aux_hidden_state_layer_ids"] = taps
+        ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+        cfg["eagle_config"] = dict(ec, eagle_aux_hidden_state_layer_ids=nested, use_aux_hidden_state=True)
+    actions.append(f"aux layers from {source if trained else 'the target default'}: vLLM ids {taps} (top level)"
+                   + ("" if d.fmt == "speculators" and engine == "vllm" else f", SGLang ids {nested} (eagle_config)"))
+    if "norm_before_residual" not in d.config or d.fmt == "speculators":
+        cfg["norm_before_residual"] = nbr
+        actions.append(f"norm_before_residual written explicitly as {nbr}")
+    rename = (engine == "sglang" and d.fmt in ("llama", "speculators")
+              and not sglang_facts.DRAFTER["llama_multi_layer"].contains(version))
+
+    def renamed(s: str) -> str:
+        return ("midlayer." + s[len("layers.0."):] if s.startswith("layers.0.") else
+                "model.midlayer." + s[len("model.layers.0."):] if s.startswith("model.layers.0.") else s)
+
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -334,30 +633,28 @@ def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path) -> dict
     for f in sorted(drafter_dir.iterdir()):
         if f.name in ("config.json", META_FILE) or not f.is_file():
             continue
-        if f.suffix == ".safetensors" and rename_layers:
-            n = rewrite_names(f, tmp / f.name, lambda s: ("midlayer." + s[len("layers.0."):]
-                                                          if s.startswith("layers.0.") else
-                                                          "model.midlayer." + s[len("model.layers.0."):]
-                                                          if s.startswith("model.layers.0.") else s))
+        if f.suffix == ".safetensors" and rename:
+            n = rewrite_names(f, tmp / f.name, renamed)
             if n == 0:
                 (tmp / f.name).unlink()
                 _link_or_copy(f, tmp / f.name)
             renamed_total += n
-        elif f.name == "model.safetensors.index.json" and rename_layers:
+        elif f.name == INDEX_FILE and rename:
             idx = json.loads(f.read_text())
-            idx["weight_map"] = {k.replace("layers.0.", "midlayer.", 1): v for k, v in idx.get("weight_map", {}).items()}
+            idx["weight_map"] = {renamed(k): v for k, v in idx.get("weight_map", {}).items()}
             (tmp / f.name).write_text(json.dumps(idx, indent=1))
         else:
             _link_or_copy(f, tmp / f.name)
     if renamed_total:
-        actions.append(f"renamed {renamed_total} tensors layers.0.* -> midlayer.* for SGLang")
+        actions.append(f"renamed {renamed_total} tensors layers.0.* -> midlayer.* for SGLang {version}")
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    meta = {"engine": engine, "source": str(drafter_dir.resolve()), "target": str(target_dir.resolve()),
-            "format": d.fmt, "actions": actions, "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    meta = {"engine": engine, "engine_version": version, "source": str(drafter_dir.resolve()),
+            "target": str(target_dir.resolve()), "format": d.fmt, "actions": actions,
+            "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    post = check(out, target_dir, engine)
+    post = check(out, target_dir, engine, version)
     if not post.ok:
         raise SpecdeployError([Finding("error", f.subject, f"converted drafter still fails: {f.message}", f.fix)
                                for f in post.errors])

@@ -23,11 +23,14 @@ def _print_report(rep, as_json: bool):
 
 @drafter_app.command("check")
 def check_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Option(..., "--target"),
-              engine: str = typer.Option(..., "--engine"), as_json: bool = typer.Option(False, "--json")):
+              engine: str = typer.Option(..., "--engine"),
+              engine_version: str = typer.Option(None, "--engine-version",
+                                                 help="rules of this engine release (default: the newest known)"),
+              as_json: bool = typer.Option(False, "--json")):
     """Check a drafter against its target for one engine (config and headers only; no weights read)."""
     from .drafter import check
     try:
-        rep = check(drafter_dir, target, engine)
+        rep = check(drafter_dir, target, engine, engine_version)
     except SpecdeployError as exc:
         for p in exc.problems:
             print(p.line(), file=sys.stderr)
@@ -39,11 +42,13 @@ def check_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Opti
 @drafter_app.command("convert")
 def convert_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Option(..., "--target"),
                 engine: str = typer.Option(..., "--engine"), out: Path = typer.Option(..., "--out"),
+                engine_version: str = typer.Option(None, "--engine-version",
+                                                   help="rules of this engine release (default: the newest known)"),
                 as_json: bool = typer.Option(False, "--json")):
-    """Write an engine-ready copy: renamed weights, explicit aux ids and norm_before_residual."""
+    """Write an engine-ready copy: architecture name, layout, explicit aux ids, layer count, verifier."""
     from .drafter import convert
     try:
-        meta = convert(drafter_dir, target, engine, out)
+        meta = convert(drafter_dir, target, engine, out, engine_version)
     except SpecdeployError as exc:
         for p in exc.problems:
             print(p.line(), file=sys.stderr)

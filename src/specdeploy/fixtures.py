@@ -13,7 +13,9 @@ from .safetensors_io import write_sparse
 TARGET_VOCAB = 163840
 HIDDEN = 7168
 DRAFT_VOCAB = 32000
-EOS = (163586, 163585)
+# Real trainers build d2t from assistant turns: the end-of-turn token <|im_end|> (163586) is in it, the
+# document EOS [EOS] (163585) is not.
+EOS = (163586,)
 
 
 def vocab_selection(draft_vocab: int = DRAFT_VOCAB, vocab: int = TARGET_VOCAB, include=EOS) -> list[int]:

@@ -152,13 +152,11 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None) -> Report:
         elif target is not None:
             try:
                 drafter_fmt = drafter_mod.Drafter.load(ddir).fmt
-                drep = drafter_mod.check(ddir, tdir, hv.specdeploy_engine)
-                # the drafter role converts names and aux-id keys before the engine starts: report those as info
-                convertible = {"layers.0.*", "eagle_aux_hidden_state_layer_ids",
-                               "eagle_config.eagle_aux_hidden_state_layer_ids"}
+                drep = drafter_mod.check(ddir, tdir, hv.specdeploy_engine, hv.specdeploy_engine_version)
+                # the drafter role converts what `drafter convert` fixes before the engine starts: report as info
                 for f in drep.findings:
                     sev, msg = f.severity, f.message
-                    if sev == "error" and f.subject in convertible:
+                    if sev == "error" and drafter_mod.is_convertible(f):
                         sev, msg = "info", f"{msg} (the drafter role converts this)"
                     rep.add(sev, f"drafter {f.subject}", msg, f.fix, host)
             except SpecdeployError as exc:

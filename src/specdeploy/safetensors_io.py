@@ -1,5 +1,6 @@
-"""Read safetensors headers (and, on request, one small tensor) without reading any weights; write sparse
-copies. The format: 8-byte little-endian header length, a JSON header, then the tensor bytes."""
+"""Read safetensors checkpoints through the ``safetensors`` library (headers, dtypes, shapes, and that the
+tensors cover the whole file) without reading any weights; write sparse copies. The format: 8-byte
+little-endian header length, a JSON header, then the tensor bytes."""
 from __future__ import annotations
 
 import json
@@ -8,8 +9,14 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors import safe_open
+
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U32": 4, "U16": 2, "U64": 8}
+INDEX_FILE = "model.safetensors.index.json"
+BIN_CONVERT = ("python3 -c \"import torch, safetensors.torch as st; "
+               "st.save_file({k: v.contiguous() for k, v in torch.load('pytorch_model.bin', map_location='cpu', "
+               "weights_only=True).items()}, 'model.safetensors', metadata={'format': 'pt'})\"")
 
 
 class SafetensorsError(ValueError):
@@ -30,20 +37,25 @@ class TensorInfo:
         return self.end - self.begin
 
 
+def _validate(path: Path):
+    """Let the safetensors library parse and validate the file (header JSON, dtypes, shapes against offsets,
+    offsets covering the whole data section); any failure becomes one clean error naming the file."""
+    try:
+        with safe_open(str(path), framework="numpy") as fh:
+            fh.keys()
+    except Exception as exc:  # the library raises its own SafetensorError, OSError, or ValueError
+        why = str(exc) or type(exc).__name__
+        if "MetadataIncompleteBuffer" in why:
+            why = "the tensors do not cover the file (truncated or padded; MetadataIncompleteBuffer)"
+        raise SafetensorsError(f"{path.name}: not a valid safetensors file: {why}") from None
+
+
 def read_header(path: Path) -> tuple[dict, int]:
-    """Return (header dict, offset where tensor data starts)."""
+    """Return (header dict, offset where tensor data starts), after the library validated the file."""
+    _validate(path)
     with open(path, "rb") as fh:
-        raw = fh.read(8)
-        if len(raw) != 8:
-            raise SafetensorsError(f"{path}: shorter than a safetensors header")
-        (n,) = struct.unpack("<Q", raw)
-        size = os.fstat(fh.fileno()).st_size
-        if n > 100_000_000 or 8 + n > size:
-            raise SafetensorsError(f"{path}: header length {n} is not plausible")
-        try:
-            header = json.loads(fh.read(n))
-        except json.JSONDecodeError as exc:
-            raise SafetensorsError(f"{path}: header is not JSON ({exc})") from None
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
     return header, 8 + n
 
 
@@ -59,25 +71,51 @@ def tensors(path: Path) -> dict[str, TensorInfo]:
 
 
 def checkpoint_tensors(directory: Path) -> dict[str, TensorInfo]:
+    """All tensors of a checkpoint directory. With an index file, every shard it names must exist and hold
+    exactly the tensors it maps to that shard."""
     files = sorted(directory.glob("*.safetensors"))
     out: dict[str, TensorInfo] = {}
     for f in files:
-        out.update(tensors(f))
+        for name, info in tensors(f).items():
+            if name in out:
+                raise SafetensorsError(f"{name} is in both {out[name].file.name} and {f.name}")
+            out[name] = info
+    idx = directory / INDEX_FILE
+    if idx.is_file():
+        try:
+            weight_map = json.loads(idx.read_text())["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            raise SafetensorsError(f"{INDEX_FILE}: not JSON with a weight_map object") from None
+        missing = sorted({str(s) for s in weight_map.values()} - {f.name for f in files})
+        if missing:
+            raise SafetensorsError(f"{INDEX_FILE} names shard(s) {missing[:3]} that are not in {directory}")
+        wrong = [n for n, s in weight_map.items() if n not in out or out[n].file.name != s]
+        if wrong:
+            raise SafetensorsError(f"{INDEX_FILE} maps {len(wrong)} tensor(s) to a shard that does not hold "
+                                   f"them, e.g. {wrong[0]}")
     return out
+
+
+def bin_only(directory: Path) -> list[str]:
+    """PyTorch pickle weight files of a directory that has no safetensors (not inspectable without torch)."""
+    if any(directory.glob("*.safetensors")):
+        return []
+    return sorted(f.name for f in directory.glob("*.bin")) + sorted(f.name for f in directory.glob("*.pt"))
 
 
 def read_tensor(info: TensorInfo, max_bytes: int = 64 << 20):
     """Read one small tensor (d2t, t2d) as a flat Python list."""
     if info.nbytes > max_bytes:
         raise SafetensorsError(f"{info.name} is {info.nbytes} bytes; refusing to read more than {max_bytes}")
-    fmt = {"I64": "q", "I32": "i", "BOOL": "?", "U8": "B", "I8": "b"}.get(info.dtype)
-    if fmt is None:
+    if info.dtype not in ("I64", "I32", "BOOL", "U8", "I8"):
         raise SafetensorsError(f"{info.name}: dtype {info.dtype} is not an index type")
-    with open(info.file, "rb") as fh:
-        fh.seek(info.begin)
-        data = fh.read(info.nbytes)
-    count = info.nbytes // struct.calcsize(fmt)
-    return list(struct.unpack(f"<{count}{fmt}", data))
+    try:
+        with safe_open(str(info.file), framework="numpy") as fh:
+            return fh.get_tensor(info.name).reshape(-1).tolist()
+    except Exception as exc:
+        raise SafetensorsError(f"{info.file.name}: cannot read {info.name}: {exc}") from None
 
 
 def encode_header(header: dict) -> bytes:

@@ -54,6 +54,29 @@ LOAD_FORMATS = {
     "instanttensor": Span("0.5.22"),
 }
 
+# How SGLang loads an EAGLE-3 drafter (models/llama_eagle3.py, models/kimi_k25_eagle3.py,
+# model_runner aux-layer lookup), read from the 0.5.6, 0.5.10-0.5.14, 0.5.18, 0.5.20 and 0.5.23 wheels.
+# The doctor (drafter.py) consults this table.
+DRAFTER = {
+    # EntryClass names a drafter config may use (no aliasing: the name must match).
+    "archs": {"LlamaForCausalLMEagle3": Span(), "Eagle3DeepseekV2ForCausalLM": Span("0.5.12")},
+    "mla_archs": {"Eagle3DeepseekV2ForCausalLM"},
+    # Only eagle_config.eagle_aux_hidden_state_layer_ids is read, in SGLang numbering (output of layer L;
+    # the target captures L+1); without it the target default [2, n//2, n-3] (vLLM numbering) is used.
+    # From 0.5.13 the DeepSeek/Kimi target adds 1 only when the first id is 1 and otherwise takes the ids
+    # as they are.
+    "aux_deepseek_heuristic": Span("0.5.13"),
+    # Llama drafters: exactly 1 decoder layer named midlayer.* until 0.5.11; from 0.5.12 num_hidden_layers
+    # layers named layers.N.* (midlayer.* is renamed to layers.0.*). Unmatched names are dropped silently.
+    "llama_multi_layer": Span("0.5.12"),
+    "mla_max_layers": 1,  # kimi_k25_eagle3.py raises unless num_hidden_layers == 1
+    # Llama drafter: no draft_vocab_size in the config -> the target's lm_head is loaded; with
+    # draft_vocab_size set, lm_head must be in the checkpoint (otherwise it stays uninitialised).
+    "lm_head_from_target_without_draft_vocab_size": Span(),
+    # The Llama EAGLE-3 decoder layer implements only norm_before_residual = False.
+    "norm_before_residual": False,
+}
+
 ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "mtp": "NEXTN", "ngram": "NGRAM"}
 
 

@@ -87,6 +87,38 @@ LOAD_FORMATS = {
     "instanttensor": Span("0.18.0"),
 }
 
+# How vLLM loads an EAGLE-3 drafter (transformers_utils/configs/eagle.py, speculators/{base,algos}.py,
+# models/{llama,deepseek}_eagle3.py, v1 gpu_model_runner aux-layer lookup), read from the 0.16.0, 0.18.0,
+# 0.22.0, 0.27.0 and 0.33.0 sources. The doctor (drafter.py) consults this table.
+DRAFTER = {
+    # For method eagle3 an architecture X becomes "Eagle3" + X unless its name already starts or ends
+    # with Eagle3; the result must be one of these registry entries.
+    "archs": {
+        "Eagle3LlamaForCausalLM": Span(), "LlamaForCausalLMEagle3": Span(),
+        "Eagle3Qwen2_5vlForCausalLM": Span(), "Eagle3Qwen3vlForCausalLM": Span(),
+        "Eagle3DeepseekV2ForCausalLM": Span("0.18.0"), "Eagle3DeepseekV3ForCausalLM": Span("0.18.0"),
+        "Eagle3MiniMaxM2ForCausalLM": Span("0.22.0"),  # in 0.22.0, absent in 0.18.0
+        "Eagle3Qwen3ForCausalLM": Span("0.27.0"),  # in 0.27.0, absent in 0.22.0
+    },
+    "mla_archs": {"Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"},
+    # speculators configs: transformer_layer_config.model_type -> drafter class
+    "speculators_model_types": {"llama": Span(), "qwen3": Span("0.27.0")},
+    # The speculators loader defaults norm_before_residual to True, the flat loader to False.
+    "speculators_norm_before_residual_default": True,
+    # Top-level eagle_aux_hidden_state_layer_ids, in vLLM numbering (input of layer L), always read first.
+    # Without it, 0.22.0 and later read eagle_config.eagle_aux_hidden_state_layer_ids AS vLLM numbers (no +1);
+    # 0.16.0 and 0.18.0 ignore the nested key and use the default (2, n//2, n-3). Releases in between are
+    # not pinned down.
+    "aux_nested_read_as_is": Span("0.22.0"),
+    "aux_nested_ignored": Span(None, "0.18.1"),
+    # Llama and MLA drafters build num_hidden_layers decoder layers (layer 0 takes 2*hidden inputs).
+    "max_layers": None,
+    # A checkpoint without lm_head gets the target's lm_head (EagleProposer._maybe_share_lm_head).
+    "shares_missing_lm_head": Span(),
+    # The loader renames midlayer.* to layers.0.*; both layouts load.
+    "layer_prefixes": ("layers.", "midlayer."),
+}
+
 SPEC_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
 
 
