@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .engines import sglang as sglang_facts
 from .engines import vllm as vllm_facts
 from .errors import Finding, Report, SpecdeployError
@@ -29,7 +31,7 @@ from .safetensors_io import (
     TensorInfo,
     bin_only,
     checkpoint_tensors,
-    read_tensor,
+    read_array,
     rewrite_names,
 )
 
@@ -419,24 +421,25 @@ def _check_vocab(d: Drafter, t: TargetModel, rep: Report):
     if d2t.shape != (d.draft_vocab,):
         rep.add("error", "d2t", f"shape {list(d2t.shape)}, expected [{d.draft_vocab}]", "rebuild the vocab map")
         return
-    offsets = read_tensor(d2t)
-    ids = [i + o for i, o in enumerate(offsets)]
-    bad = [x for x in ids if not 0 <= x < t.vocab]
-    if bad:
-        rep.add("error", "d2t", f"{len(bad)} target ids out of range [0, {t.vocab}), e.g. {bad[:3]}",
-                "d2t holds offsets (target id - draft id), not absolute ids")
-    if len(set(ids)) != len(ids):
-        rep.add("error", "d2t", f"{len(ids) - len(set(ids))} duplicate target ids", "rebuild the vocab map")
+    vocab = t.vocab
+    ids = np.arange(d.draft_vocab, dtype=np.int64) + read_array(d2t)
+    inside = (ids >= 0) & (ids < vocab)
+    if not inside.all():
+        rep.add("error", "d2t", f"{int((~inside).sum())} target ids out of range [0, {vocab}), e.g. "
+                f"{ids[~inside][:3].tolist()}", "d2t holds offsets (target id - draft id), not absolute ids")
+    dups = len(ids) - len(np.unique(ids))
+    if dups:
+        rep.add("error", "d2t", f"{dups} duplicate target ids", "rebuild the vocab map")
     if t2d is not None:
-        if t2d.shape != (t.vocab,):
-            rep.add("error", "t2d", f"shape {list(t2d.shape)}, expected [{t.vocab}]", "rebuild the vocab map")
+        if t2d.shape != (vocab,):
+            rep.add("error", "t2d", f"shape {list(t2d.shape)}, expected [{vocab}]", "rebuild the vocab map")
         elif t2d.dtype not in ("BOOL", "U8", "I8", "I32", "I64"):
             rep.add("error", "t2d", f"dtype {t2d.dtype} is not a mask type", "save t2d as bool")
         else:
-            mask = read_tensor(t2d)
-            if sum(bool(x) for x in mask) != d.draft_vocab or not all(mask[x] for x in ids if 0 <= x < t.vocab):
+            mask = read_array(t2d).astype(bool)
+            if int(mask.sum()) != d.draft_vocab or not mask[ids[inside]].all():
                 rep.add("error", "t2d", "t2d does not agree with d2t", "rebuild t2d from the same selection as d2t")
-    _check_eos(set(ids), t, rep)
+    _check_eos(set(ids.tolist()), t, rep)
 
 
 def _check_eos(ids: set[int], t: TargetModel, rep: Report):

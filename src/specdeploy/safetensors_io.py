@@ -9,7 +9,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U32": 4, "U16": 2, "U64": 8}
@@ -43,7 +43,7 @@ def _validate(path: Path):
     try:
         with safe_open(str(path), framework="numpy") as fh:
             fh.keys()
-    except Exception as exc:  # the library raises its own SafetensorError, OSError, or ValueError
+    except (SafetensorError, OSError, ValueError, TypeError) as exc:
         why = str(exc) or type(exc).__name__
         if "MetadataIncompleteBuffer" in why:
             why = "the tensors do not cover the file (truncated or padded; MetadataIncompleteBuffer)"
@@ -105,17 +105,22 @@ def bin_only(directory: Path) -> list[str]:
     return sorted(f.name for f in directory.glob("*.bin")) + sorted(f.name for f in directory.glob("*.pt"))
 
 
-def read_tensor(info: TensorInfo, max_bytes: int = 64 << 20):
-    """Read one small tensor (d2t, t2d) as a flat Python list."""
+def read_array(info: TensorInfo, max_bytes: int = 64 << 20):
+    """One small index tensor (d2t, t2d) as a flat numpy array."""
     if info.nbytes > max_bytes:
         raise SafetensorsError(f"{info.name} is {info.nbytes} bytes; refusing to read more than {max_bytes}")
     if info.dtype not in ("I64", "I32", "BOOL", "U8", "I8"):
         raise SafetensorsError(f"{info.name}: dtype {info.dtype} is not an index type")
     try:
         with safe_open(str(info.file), framework="numpy") as fh:
-            return fh.get_tensor(info.name).reshape(-1).tolist()
-    except Exception as exc:
+            return fh.get_tensor(info.name).reshape(-1)
+    except (SafetensorError, OSError, ValueError, TypeError) as exc:
         raise SafetensorsError(f"{info.file.name}: cannot read {info.name}: {exc}") from None
+
+
+def read_tensor(info: TensorInfo, max_bytes: int = 64 << 20) -> list:
+    """One small index tensor (d2t, t2d) as a flat Python list."""
+    return read_array(info, max_bytes).tolist()
 
 
 def encode_header(header: dict) -> bytes:
