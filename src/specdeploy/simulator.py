@@ -109,12 +109,9 @@ def parse_argv(engine: str, version: str, argv: list[str]) -> dict:
 def _vllm_spec(version: str, raw: str, facts: dict | None) -> dict:
     """--speculative-config as vLLM's SpeculativeConfig validates it: known keys, a known method, k > 0."""
     head = "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig\n"
-    try:
-        cfg = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ArgError(f"vllm serve: error: argument --speculative-config: invalid loads value: {raw!r} ({exc})")
+    cfg = json.loads(raw)  # bad JSON: a ValueError, reported by the CLI
     if not isinstance(cfg, dict):
-        raise ArgError(f"vllm serve: error: argument --speculative-config: invalid loads value: {raw!r}")
+        raise ValueError(f"--speculative-config must be a JSON object, got {raw!r}")
     keys = facts["spec_keys"] if facts else {k for k, span in SPEC_KEYS.items() if span.contains(version)}
     bad = [k for k in cfg if k not in keys]
     if bad:
