@@ -23,7 +23,7 @@ def test_every_sample_has_a_source_and_a_file():
     for tool, entries in INDEX.items():
         assert len(entries) >= 2, tool
         for name, e in entries.items():
-            assert e["url"].startswith("https://github.com/"), name
+            assert e["url"].startswith("https://github.com/") or (e["url"] == "recorded" and e["recorded"]), name
             assert (DATA / tool / name).is_file(), name
             assert e["truth"], name
     hosts = " ".join(e["host"] for entries in INDEX.values() for e in entries.values())
@@ -37,9 +37,9 @@ def test_nvidia_smi(name, e):
     assert smi.driver == t["driver"]
     assert smi.cuda == t["cuda"]
     assert smi.count == t["gpus"]
-    for key in ("name", "memory_mib", "persistence"):
+    for key in ("name", "memory_mib", "persistence", "compute_cap", "fabric_state", "fabric_status"):
         if key in t:
-            assert getattr(smi.gpus[0], key) == t[key], key
+            assert {getattr(g, key) for g in smi.gpus} == {t[key]}, key
 
 
 def test_nvidia_smi_csv_with_and_without_header():
@@ -318,3 +318,21 @@ def test_host_decisions_turn_p2p_off_when_acs_stays_on():
     assert d["blocking"] == [] and not d["install_driver"] and not d["ok"]
     on = hf.host_decisions("rtx1", pcie, out, acs_disable=True)
     assert on["acs_disable"] and on["p2p_off_reason"] is None and on["blocking"] == []
+
+
+def test_recorded_h200_host_end_to_end():
+    """The gather sections of a real 2x H200 machine: facts, then the checks against the 8-GPU H200 profile."""
+    def sec(name, path):
+        return f"@@begin {name}\n" + (DATA / path).read_text() + f"@@end {name} 0\n"
+    out = ("@@begin os\nubuntu 24.04 noble\nx86_64\n@@end os 0\n"
+           + sec("smi", "smi/h200-2x-csv-580.159.04-recorded.txt")
+           + sec("smi_table", "smi/h200-2x-580.159.04-recorded.txt")
+           + sec("smi_q", "smi/h200-2x-q-580.159.04-recorded.txt")
+           + sec("topo", "topo/h200-2x-nv18-recorded.txt")
+           + "@@begin nvrm\nNVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build\n"
+           "@@end nvrm 0\n")
+    f = hf.facts_from_sections(hf.split_sections(out))
+    assert f.smi.cuda == "13.0" and f.open_modules is True and hf.nvlink_gaps(f.topo) == {}
+    assert {g.fabric_state for g in f.smi.gpus} == {"Completed"}
+    rep = hf.check_host("h200", hv(specdeploy_hardware="h200_nvl8", specdeploy_engine_version="0.20.0"), f)
+    assert [x.subject for x in rep.errors] == ["GPU count", "fabric manager"]  # 2 of 8 GPUs; no fabric manager seen

@@ -116,8 +116,12 @@ SMI_FIELDS = ("index", "name", "pci.bus_id", "driver_version", "memory.total", "
 SMI_QUERY = f"nvidia-smi --query-gpu={','.join(SMI_FIELDS)} --format=csv,noheader,nounits"
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def parse_smi(text: str) -> Smi:
     """Any of: the default table, ``nvidia-smi -q``, or ``--query-gpu`` CSV (with or without header)."""
+    text = ANSI.sub("", text)
     if "NVSMI LOG" in text or re.search(r"^\s*Attached GPUs\s*:", text, re.M):
         return _parse_smi_q(text)
     if re.search(r"(Driver|KMD) Version:", text) or re.search(r"^\|\s+\d+\s+\S", text, re.M):
