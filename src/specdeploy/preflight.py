@@ -115,7 +115,7 @@ def model_findings(hv: HostVars, target: TargetModel, rep: Report, host: str):
         rep.add("warning", "PCIe P2P", "NCCL P2P over PCIe is on, and ACS/IOMMU state is unknown here: ACS "
                 "redirect or a translating IOMMU make P2P hang on RTX PRO 6000",
                 "on the host: `specdeploy nccl topo` (reads nvidia-smi topo -m, lspci -vvv ACSCtl, /proc/cmdline); "
-                "the gpu_host role checks it too", host)
+                "`specdeploy preflight --hosts` and the gpu_host role check it too", host)
 
 
 def preflight_host(host: str, variables: dict, inv_dir: Path | None) -> Report:
