@@ -349,3 +349,15 @@ def test_chosen_env_reaches_rendered_units(repo, p2p_rounds):
     for _, _, p in plans:
         assert "NCCL_MIN_CTAS=16" in p.files["/etc/specdeploy/specdeploy-vllm.env"]
         assert "NCCL_P2P_LEVEL" not in p.files["/etc/specdeploy/specdeploy-vllm.env"]
+
+
+def test_choose_reads_engine_and_profile_from_the_inventory(repo, tmp_path):
+    src = repo / "tests/data/nccl-h200x2-p2p-off-rounds.json"
+    r = _cli("choose", src, "-i", repo / "inventory/example", "--host", "gpu-a", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    # example hosts: vLLM on RTX PRO 6000 PCIe, custom all-reduce off by profile: NCCL carries every size
+    assert "rtx_pro_6000_pcie" in out["traffic"]["label"] and "custom all-reduce off" in out["traffic"]["label"]
+    assert out["traffic"]["decode_sizes_not_on_nccl"] == [] and out["chosen"] == "min_ctas=16"
+    r = _cli("choose", src, "-i", repo / "inventory/example", "--host", "nope")
+    assert r.returncode == 2 and "Traceback" not in r.stderr

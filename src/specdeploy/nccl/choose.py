@@ -378,7 +378,12 @@ def evidence_lines(choice: Choice) -> list[str]:
         lines.append(f"not weighted (an engine path carries them): {choice.not_nccl} tokens")
     if c.decode and choice.chosen != "default":
         lines.append(f"weighted decode vs default: {c.decode.fmt()}, faster in {c.decode.wins}/{c.decode.rounds}")
+    if choice.unknown:
+        lines.append(f"path not known for {choice.unknown} tokens: counted as NCCL's")
     floor = choice.aa_floor
-    lines.append(f"A/A noise floor: ±{100 * floor:.1f}% ({choice.aa.decode.fmt()})" if floor is not None
-                 else "A/A noise floor: not measured in these files")
+    if floor is not None:
+        lines.append(f"A/A noise floor: ±{100 * floor:.1f}% ({choice.aa.decode.fmt()})")
+    else:
+        lines.append("A/A noise floor: " + ("no weighted size to compare" if not choice.weights
+                                           else "not measured in these files"))
     return lines
