@@ -361,3 +361,14 @@ def test_choose_reads_engine_and_profile_from_the_inventory(repo, tmp_path):
     assert out["traffic"]["decode_sizes_not_on_nccl"] == [] and out["chosen"] == "min_ctas=16"
     r = _cli("choose", src, "-i", repo / "inventory/example", "--host", "nope")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_flat_candidates_reads_both_formats(recorded, nvlink_rounds):
+    from specdeploy.nccl.choose import flat_candidates
+    old = flat_candidates(recorded)
+    assert old == recorded["candidates"]
+    new = {c["name"]: c for c in flat_candidates(nvlink_rounds)}
+    per_round = [c["graph"]["8"]["median_us"] for r in nvlink_rounds["rounds"] for c in r["candidates"]
+                 if c["name"] == "default"]
+    assert new["default"]["graph"]["8"]["median_us"] == sorted(per_round)[2]  # median of 5 rounds
+    assert new["default-aa"]["graph"]["8"]["n_rounds"] == 4  # one A/A run crashed

@@ -38,7 +38,8 @@ def query_range(base: str, q: str, start: float, end: float, step: float, timeou
 def allreduce_us(nccl: dict, tokens: float) -> float | None:
     """Median all-reduce latency (graph mode if measured, else eager) of the chosen/default candidate at a
     token count, interpolated linearly between measured sizes."""
-    cands = nccl.get("candidates") or []
+    from .nccl.choose import flat_candidates
+    cands = flat_candidates(nccl)
     cand = next((c for c in cands if c.get("name") == nccl.get("chosen")), None) or \
         next((c for c in cands if c.get("name") == "default"), None) or (cands[0] if cands else None)
     if not cand:

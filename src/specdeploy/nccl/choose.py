@@ -91,6 +91,30 @@ def load_rounds(items: list[tuple[str, dict]]) -> tuple[dict, list[Round]]:
     return meta, rounds
 
 
+def flat_candidates(data: dict) -> list[dict]:
+    """One record per candidate in the format-1 shape (name, env, status, mode -> size -> median_us), from
+    either format; over rounds, each size's value is the median of the successful rounds."""
+    if "rounds" not in data:
+        return list(data.get("candidates") or [])
+    out: dict[str, dict] = {}
+    for r in data["rounds"]:
+        for c in r.get("candidates", []):
+            rec = out.setdefault(c["name"], {"name": c["name"], "env": c.get("env", {}), "status": "failed",
+                                             "_runs": []})
+            if c.get("status") == "ok":
+                rec["status"] = "ok"
+                rec["_runs"].append(c)
+    for rec in out.values():
+        runs = rec.pop("_runs")
+        for mode in ("eager", "graph"):
+            sizes = sorted({k for c in runs for k in c.get(mode, {})}, key=int)
+            if sizes:
+                rec[mode] = {k: {"median_us": statistics.median(c[mode][k]["median_us"] for c in runs
+                                                                if k in c.get(mode, {})),
+                                 "n_rounds": sum(k in c.get(mode, {}) for c in runs)} for k in sizes}
+    return list(out.values())
+
+
 # --- statistics ---------------------------------------------------------------------------------------------
 
 def geomean(xs: list[float]) -> float:
