@@ -183,12 +183,14 @@ def test_vllm_on_nvswitch_h200_sends_no_decode_size_to_nccl():
     assert [tr.reaches_nccl(_bytes(t)) for t in DECODE] == [False] * 9
     assert tr.reaches_nccl(_bytes(8192)) is True  # 117 MB
     assert tr.reaches_nccl(64 * 1024 * 1024 - 2) is False and tr.reaches_nccl(64 * 1024 * 1024) is True
+    # from 0.22 the symmetric-memory bound is inclusive
+    assert traffic("vllm", "0.33.0", "h200_nvl8", 8).reaches_nccl(64 * 1024 * 1024) is False
 
 
-def test_vllm_fusion_pass_counts_from_0_18():
-    before = traffic("vllm", "0.17.1", "b200_nvl8", 8).paths
+def test_vllm_fusion_pass_counts_from_0_17():
+    before = traffic("vllm", "0.16.0", "b200_nvl8", 8).paths
     assert "FlashInfer all-reduce+RMSNorm fusion" not in [p.name for p in before]
-    fi = [p for p in traffic("vllm", "0.18.0", "b200_nvl8", 8).paths if p.name.startswith("FlashInfer")]
+    fi = [p for p in traffic("vllm", "0.17.0", "b200_nvl8", 8).paths if p.name.startswith("FlashInfer")]
     assert fi and fi[0].max_bytes == 1024 * 1024
 
 

@@ -73,9 +73,11 @@ SYMM_MEM_MAX = {
     "9.0": {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB},
     "10.0": {2: 8 * MiB, 4: 32 * MiB, 6: 128 * MiB, 8: 128 * MiB},
 }
-# FlashInfer all-reduce + RMSNorm fusion: on by default (-O2) from 0.18.0 on SM90/SM100 with TP > 1 (no DP/PP);
-# FI_ALLREDUCE_FUSION_MAX_SIZE_MB. It needs the compiled model (not --enforce-eager).
-FI_FUSION = Span("0.18.0")
+# size < max in 0.16.0 to 0.18.0, size <= max in 0.22.0, 0.27.0 and 0.33.0 (0.18.1 to 0.21 not read).
+SYMM_MEM_INCLUSIVE = Span("0.22.0")
+# FlashInfer all-reduce + RMSNorm fusion: on by default (-O2) from 0.17.0 on SM90/SM100 with TP > 1 (no DP/PP);
+# off in 0.16.0. FI_ALLREDUCE_FUSION_MAX_SIZE_MB. It needs the compiled model (not --enforce-eager).
+FI_FUSION = Span("0.17.0")
 FI_FUSION_MAX = {
     "9.0": {2: 64 * MiB, 4: 2 * MiB, 8: MiB // 2},
     "10.0": {2: 64 * MiB, 4: 32 * MiB, 8: MiB},
@@ -191,9 +193,10 @@ class VLLM(EngineAdapter):
                                      + (" (capped while symmetric memory is active)" if symm else "")))
         if symm:
             cap = SYMM_MEM_MAX[cc][ws]
-            out.append(AllReducePath("torch symmetric-memory all-reduce", cap, False,
+            incl = SYMM_MEM_INCLUSIVE.contains(self.version)
+            out.append(AllReducePath("torch symmetric-memory all-reduce", cap, incl,
                                      f"vLLM {self.version} SymmMemCommunicator (VLLM_ALLREDUCE_USE_SYMM_MEM=1, "
-                                     f"NVSwitch multicast): size < {cap} bytes"))
+                                     f"NVSwitch multicast): size {'<=' if incl else '<'} {cap} bytes"))
         if FI_FUSION.contains(self.version) and ws > 1 and ws in FI_FUSION_MAX.get(cc, {}):
             cap = FI_FUSION_MAX[cc][ws]
             out.append(AllReducePath("FlashInfer all-reduce+RMSNorm fusion", cap, False,
