@@ -331,7 +331,7 @@ def down(progress=None):
     (STATE / "hosts.json").unlink(missing_ok=True)
 
 
-def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = "vllm", runtime: str = "venv") -> Path:
+def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = "vllm", runtime: str = "docker") -> Path:
     """inventory/sandbox: the hosts above as engine hosts (the first also runs the router and Prometheus).
     ``docker`` (the production runtime) runs the engine image built on each host; ``venv`` the host venv."""
     key, _ = keypair()

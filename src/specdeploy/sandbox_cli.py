@@ -21,7 +21,7 @@ def _fail(exc: SpecdeployError):
 def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
            inventory: Path = typer.Option(Path("inventory/sandbox"), "--inventory", help="inventory to write"),
            engine: str = typer.Option("vllm", "--engine"),
-           runtime: str = typer.Option("venv", "--runtime", help="docker (the production runtime) or venv")):
+           runtime: str = typer.Option("docker", "--runtime", help="docker (the production runtime) or venv")):
     """Boot N hosts (debootstrap cached), write an inventory pointing at them."""
     from rich.console import Console
     from . import sandbox
