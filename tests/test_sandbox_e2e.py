@@ -242,8 +242,6 @@ def test_venv_runtime_on_one_host(inv):
     assert "specdeploy-vllm" not in ssh(H2, "docker ps --format '{{.Names}}'")
     unit = ssh(H2, "cat /etc/systemd/system/specdeploy-vllm.service")
     assert "EnvironmentFile=/etc/specdeploy/specdeploy-vllm.env" in unit and "docker" not in unit
-    env = ssh(H2, "systemctl show specdeploy-vllm -p Environment --value")
-    assert f'TORCH_CUDA_ARCH_LIST="{ARCH}"' in env or f"TORCH_CUDA_ARCH_LIST={ARCH}" in env, env
     pid = ssh(H2, "systemctl show specdeploy-vllm -p MainPID --value").strip()
     assert f"TORCH_CUDA_ARCH_LIST={ARCH}" in ssh(H2, f"tr '\\0' '\\n' < /proc/{pid}/environ")
     assert chat(f"http://{H2}:8000")["choices"][0]["message"]["content"]
