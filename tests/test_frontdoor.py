@@ -165,6 +165,7 @@ def test_status_and_report_from_live_exporters_and_prometheus(tmp_path):
         sg = rows["sg-1"]
         assert sg["up"] and sg["engine"] == "sglang" and sg["speculation"] == "on" and sg["gate"] == "keep"
         assert sg["acceptance_length"] > 2 and sg["tokens_per_s"] > 0 and 0 < sg["ttft_p50"] <= sg["ttft_p99"]
+        assert sg["restarts"] == 0
         assert st["prometheus"] == prom and st["prometheus_errors"]
         direct = scrape_exporter(hosts[0])
         assert direct["acceptance_length"] == sg["acceptance_length"] or abs(
@@ -176,6 +177,12 @@ def test_status_and_report_from_live_exporters_and_prometheus(tmp_path):
         assert res["last"]["acceptance"]["sg-1"] > 2 and res["last"]["tokens"]["sg-1"] > 0
         assert res["last"]["speedup"]["sg-1 c=8"] == 1.7
         assert 0 < res["last"]["allreduce"]["sg-1"] < 1
+        # an engine outage that Prometheus saw counts as a restart
+        stop(procs[0])
+        time.sleep(3)
+        procs[0] = start_sim("sglang", addr, ep)
+        time.sleep(3)
+        assert fleet_status(hosts[:1], [prom])["hosts"][0]["restarts"] == 1
     finally:
         stop(*procs)
 

@@ -60,4 +60,6 @@ Q_WAITING = "sum by (host) (vllm:num_requests_waiting) or sum by (host) (sglang:
 Q_KV = "max by (host) (vllm:kv_cache_usage_perc) or max by (host) (sglang:token_usage)"
 # speculation is on where the deployed unit says so (the exporter's info carries the draft-token count)
 Q_SPEC_ON = 'max by (host) (specdeploy_engine_info{spec_tokens!="0",spec_tokens!=""})'
-Q_RESTARTS = 'changes(process_start_time_seconds{job="specdeploy_engine"}[1d])'
+# engine outages Prometheus saw in a day (up dropping to 0): engine-independent, and neither engine's multiprocess
+# metrics mode exports a process start time; a restart quicker than one scrape interval is not seen
+Q_RESTARTS = 'sum by (host) (resets(up{job="specdeploy_engine"}[1d]))'
