@@ -10,6 +10,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -37,25 +38,25 @@ def _rows_table(run, title: str) -> Table:
         t.add_column(c)
     now = time.time()
     for r in run.rows.values():
-        res = r.result or (f"[red]error in: {r.failed_task}[/]" if r.failed_task else "")
+        res = r.result or (f"[red]error in: {escape(r.failed_task)}[/]" if r.failed_task else "")
         if r.result == "ok":
             res = f"[green]ok[/] ({r.changed} changed)"
         elif r.result in ("failed", "unreachable"):
-            res = f"[bold red]{r.result.upper()}[/]" + (f" at {r.failed_task}" if r.failed_task else "")
-        t.add_row(r.host, f"[{PHASE_STYLE.get(r.phase, 'white')}]{r.phase}[/]",
-                  r.progress or (r.task[:48] if r.task else ""), fmt_s(now - r.started), res)
+            res = f"[bold red]{r.result.upper()}[/]" + (f" at {escape(r.failed_task)}" if r.failed_task else "")
+        t.add_row(escape(r.host), f"[{PHASE_STYLE.get(r.phase, 'white')}]{r.phase}[/]",
+                  escape(r.progress or r.task[:48]), fmt_s(now - r.started), res)
     return t
 
 
 def _triage_panel(row) -> Panel:
     tr = row.triage or {}
     if tr:
-        body = "\n".join(f"[bold]{k:10s}[/] {tr.get(k)}" for k in
+        body = "\n".join(f"[bold]{k:10s}[/] {escape(str(tr.get(k)))}" for k in
                          ("outcome", "root_cause", "location", "worker", "signature", "confidence", "fix",
                           "next_step") if tr.get(k) or k == "root_cause")
     else:
-        body = f"[bold]task[/]    {row.failed_task}\n[bold]message[/] {row.message or '-'}"
-    return Panel(body, title=f"triage: {row.host}", border_style="red")
+        body = f"[bold]task[/]    {escape(row.failed_task)}\n[bold]message[/] {escape(row.message or '-')}"
+    return Panel(body, title=f"triage: {escape(row.host)}", border_style="red")
 
 
 def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Optional[List[str]],
@@ -136,11 +137,13 @@ def _status_table(st: dict) -> Table:
         return "-" if v is None else format(v, fmt)
     for r in st["hosts"]:
         if not r["reachable"]:
-            t.add_row(r["host"], "[bold red]unreachable[/]", r.get("error", ""), "", "", "", "", "", "", "", "")
+            t.add_row(escape(r["host"]), "[bold red]unreachable[/]", escape(r.get("error", "")), "", "", "", "", "", "",
+                      "", "")
             continue
         up = "[green]up[/]" if r.get("up") else "[red]engine down[/]"
         ttft = "-" if r.get("ttft_p50") is None else f"{r['ttft_p50'] * 1000:.0f}/{r.get('ttft_p99', 0) * 1000:.0f} ms"
-        t.add_row(r["host"], up, f"{r.get('engine') or '?'} {r.get('version') or ''}", r.get("release") or "-",
+        t.add_row(escape(r["host"]), up, escape(f"{r.get('engine') or '?'} {r.get('version') or ''}"),
+                  escape(r.get("release") or "-"),
                   r.get("speculation", "?") + (f" k={r['spec_tokens']}" if r.get("speculation") == "on" else ""),
                   r.get("gate") or "-", f(r.get("acceptance_length"), ".2f"), f(r.get("acceptance_rate"), ".0%"),
                   f(r.get("tokens_per_s"), ".1f"), ttft, f(r.get("restarts"), ".0f"))
