@@ -173,3 +173,33 @@ def test_script_runs_on_a_bare_python_and_exits_cleanly(model, tmp_path):
     r = subprocess.run([sys.executable, "-I", str(SCRIPT), "verify", str(tmp_path / "nope")], capture_output=True,
                        text=True)
     assert r.returncode == 1 and "is not a directory" in r.stdout
+
+
+BASE = {"specdeploy_engine": "vllm", "specdeploy_engine_version": "0.16.0",
+        "specdeploy_hardware": "rtx_pro_6000_pcie", "specdeploy_model_path": "/models/kimi"}
+
+
+def errors(variables: dict, base: Path | None = None) -> list:
+    from specdeploy.preflight import preflight_host
+    return [f for f in preflight_host("gpu-x", {**BASE, **variables}, base).findings if f.severity == "error"]
+
+
+def test_preflight_refuses_an_incomplete_controller_source(model):
+    ok = {"specdeploy_model_source": "controller", "specdeploy_model_controller_path": str(model)}
+    assert errors(ok) == []
+    (model / "model-00003-of-00003.safetensors").unlink()
+    errs = errors(ok)
+    assert [e.subject for e in errs] == ["specdeploy_model_controller_path"]
+    assert "1 of 3 shards" in errs[0].message and errs[0].fix
+
+
+def test_preflight_errors_on_missing_paths_and_old_names(tmp_path):
+    errs = errors({"specdeploy_model_config_copy": str(tmp_path / "nope")})
+    assert [e.subject for e in errs] == ["specdeploy_model_config_copy"] and "no config.json" in errs[0].message
+    errs = errors({"specdeploy_model_source": "shared"})
+    assert [e.subject for e in errs] == ["specdeploy_model_shared_path"]
+    errs = errors({"specdeploy_spec_enabled": True, "specdeploy_drafter_path": "/models/d",
+                   "specdeploy_drafter_source": "controller"})
+    assert [e.subject for e in errs] == ["specdeploy_drafter_controller_path"]
+    errs = errors({"specdeploy_model_local_path": "/x"})
+    assert errs[0].subject == "specdeploy_model_local_path" and "specdeploy_model_config_copy" in errs[0].fix

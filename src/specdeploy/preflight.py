@@ -16,16 +16,43 @@ GIB = 1 << 30
 LOAD_BYTES_PER_S = 300e6  # a cold load from local NVMe through the engine's loader, order of magnitude
 
 
-def _local(path_local: str | None, path_host: str, base: Path | None) -> Path | None:
-    for cand in (path_local, path_host):
-        if not cand:
-            continue
-        p = Path(cand)
-        if not p.is_absolute() and base is not None:
-            p = base / p
-        if (p / "config.json").is_file():
-            return p
+def _resolve(path: str, base: Path | None) -> Path:
+    p = Path(path)
+    return base / p if not p.is_absolute() and base is not None else p
+
+
+def _local(copy: str | None, source: str | None, path_host: str, base: Path | None) -> Path | None:
+    """The controller-side directory whose config preflight reads: the config copy, the controller source, or the
+    host path when this machine has it too."""
+    for cand in (copy, source, path_host):
+        if cand and (_resolve(cand, base) / "config.json").is_file():
+            return _resolve(cand, base)
     return None
+
+
+def source_findings(hv: HostVars, kind: str, rep: Report, host: str, base: Path | None):
+    """Missing, incomplete or mismatched sources are errors before any host changes."""
+    from . import staging
+    copy = getattr(hv, f"specdeploy_{kind}_config_copy")
+    if copy and not (_resolve(copy, base) / "config.json").is_file():
+        rep.add("error", f"specdeploy_{kind}_config_copy", f"no config.json at {_resolve(copy, base)} on this "
+                "machine", f"point specdeploy_{kind}_config_copy at a copy of the {kind}'s config files, or unset it",
+                host)
+    mode = hv.specdeploy_model_source if kind == "model" else hv.drafter_source
+    var = f"specdeploy_{kind}_controller_path"
+    src = getattr(hv, var)
+    if mode == "controller" and src:
+        res = staging.verify(_resolve(src, base), var)
+        for p in res.problems:
+            rep.add("error", p.subject, p.message, p.fix, host)
+        if res.ok:
+            rep.add("info", var, f"complete: {res.files} weight files, {res.bytes / 1e9:.1f} GB", host=host)
+    elif mode in ("host", "shared"):
+        where = hv.specdeploy_model_path if kind == "model" else hv.specdeploy_drafter_path
+        if mode == "shared":
+            where = getattr(hv, f"specdeploy_{kind}_shared_path")
+        rep.add("info", f"specdeploy_{kind}_source", f"{mode}: {where} is verified on the host (config, shards, "
+                "header sizes) before anything there changes", host=host)
 
 
 def parse_seconds(value: str) -> float | None:
@@ -133,10 +160,12 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None) -> Report:
                 "when it installs the key", "write the API key to that file (one line), or unset the variable",
                 host)
     target = None
-    tdir = _local(hv.specdeploy_model_local_path, hv.specdeploy_model_path, inv_dir)
+    source_findings(hv, "model", rep, host, inv_dir)
+    tdir = _local(hv.specdeploy_model_config_copy, hv.specdeploy_model_controller_path, hv.specdeploy_model_path,
+                  inv_dir)
     if tdir is None:
         rep.add("warning", "target config", f"no config.json at {hv.specdeploy_model_path} on this machine: model "
-                "checks skipped", "set specdeploy_model_local_path to a copy of the model's config files", host)
+                "checks skipped", "set specdeploy_model_config_copy to a copy of the model's config files", host)
     else:
         try:
             target = TargetModel.load(tdir)
@@ -145,10 +174,12 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None) -> Report:
             rep.extend(exc.problems)
     drafter_fmt = None
     if hv.specdeploy_spec_enabled and hv.specdeploy_drafter_path:
-        ddir = _local(hv.specdeploy_drafter_local_path, hv.specdeploy_drafter_path, inv_dir)
+        source_findings(hv, "drafter", rep, host, inv_dir)
+        ddir = _local(hv.specdeploy_drafter_config_copy, hv.specdeploy_drafter_controller_path,
+                      hv.specdeploy_drafter_path, inv_dir)
         if ddir is None:
             rep.add("warning", "drafter", f"no config.json at {hv.specdeploy_drafter_path} on this machine: drafter "
-                    "not checked", "set specdeploy_drafter_local_path", host)
+                    "not checked", "set specdeploy_drafter_config_copy", host)
         elif target is not None:
             try:
                 drafter_fmt = drafter_mod.Drafter.load(ddir).fmt

@@ -54,12 +54,39 @@ class HostVars(BaseModel):
         False, description="The host is a sandbox host without GPUs: GPU steps are skipped and the engine "
         "simulator serves.")
     specdeploy_model_path: str = Field(description="Target model directory on the host; its `config.json` is read.")
-    specdeploy_model_local_path: str | None = Field(
-        None, description="Controller-side copy of the model's config files (config.json, safetensors index) "
-        "for preflight; default: specdeploy_model_path when it exists on the controller.")
-    specdeploy_drafter_local_path: str | None = Field(
-        None, description="Controller-side copy of the drafter (config.json and safetensors) for preflight and "
-        "conversion; default: specdeploy_drafter_path when it exists on the controller.")
+    specdeploy_model_source: Literal["host", "controller", "shared"] = Field(
+        "host", description="Where the weights come from. `host`: already at specdeploy_model_path on the host; "
+        "specdeploy only verifies them (config, every shard the index names, sizes from the safetensors headers, "
+        "sha256 with a manifest) and writes nothing there. `controller`: pushed from "
+        "specdeploy_model_controller_path into a new directory beside the target, then specdeploy_model_path is a "
+        "symlink flipped atomically. `shared`: copied on the host from specdeploy_model_shared_path (NFS, Lustre) "
+        "to local disk: parallel, resumable, verified, with the same atomic switch.")
+    specdeploy_model_controller_path: str | None = Field(
+        None, description="`controller` source: the full checkpoint (config, index, every shard) on the controller.")
+    specdeploy_model_shared_path: str | None = Field(
+        None, description="`shared` source: the full checkpoint on shared storage already mounted on the host.")
+    specdeploy_model_sha256_manifest: str | None = Field(
+        None, description="Optional `sha256sum` manifest of the checkpoint, a path on the host (relative: inside "
+        "the checkpoint directory). Each file is hashed once; unchanged files (size, mtime, inode) are not read "
+        "again.")
+    specdeploy_model_config_copy: str | None = Field(
+        None, description="Controller-side copy of the model's config files (config.json, safetensors index) read "
+        "by preflight; never copied to hosts. Default: specdeploy_model_controller_path, else "
+        "specdeploy_model_path when it exists on the controller.")
+    specdeploy_drafter_source: Literal["host", "controller", "shared"] | None = Field(
+        None, description="Where the drafter comes from, as specdeploy_model_source (default: the same).")
+    specdeploy_drafter_controller_path: str | None = Field(
+        None, description="`controller` source: the drafter checkpoint on the controller.")
+    specdeploy_drafter_shared_path: str | None = Field(
+        None, description="`shared` source: the drafter checkpoint on shared storage mounted on the host.")
+    specdeploy_drafter_sha256_manifest: str | None = Field(
+        None, description="Optional `sha256sum` manifest of the drafter, as specdeploy_model_sha256_manifest.")
+    specdeploy_drafter_config_copy: str | None = Field(
+        None, description="Controller-side copy of the drafter (config.json and safetensors headers) read by "
+        "preflight's drafter check; never copied to hosts. Default: specdeploy_drafter_controller_path, else "
+        "specdeploy_drafter_path when it exists on the controller.")
+    specdeploy_staging_jobs: int = Field(
+        4, ge=1, le=64, description="Files copied at once by `shared` staging.")
     specdeploy_served_model_name: str | None = Field(
         None, description="Model name served by the OpenAI-compatible API (default: the model directory name).")
     specdeploy_tensor_parallel_size: int | None = Field(
@@ -124,6 +151,10 @@ class HostVars(BaseModel):
             raise ValueError("specdeploy_hardware_custom is required when specdeploy_hardware is 'custom'")
         return self
 
+    @property
+    def drafter_source(self) -> str:
+        return self.specdeploy_drafter_source or self.specdeploy_model_source
+
     # ---- derived values -------------------------------------------------------------------
     def profile(self):
         from .hardware import get_profile
@@ -140,6 +171,9 @@ class HostVars(BaseModel):
 
 
 FIELDS = HostVars.model_fields
+
+RENAMED = {"specdeploy_model_local_path": "specdeploy_model_config_copy",
+           "specdeploy_drafter_local_path": "specdeploy_drafter_config_copy"}
 
 _FIXES = {
     "literal_error": "use one of the allowed values",
@@ -162,7 +196,13 @@ def validate_host(host: str, variables: dict[str, Any]) -> HostVars:
     ours = {k: v for k, v in variables.items() if k.startswith(PREFIX)}
     problems: list[Finding] = []
     for key in list(ours):
-        if key not in FIELDS:
+        if key in RENAMED:
+            problems.append(Finding("error", key, f"was renamed to {RENAMED[key]} (a controller-side config copy, "
+                                    "never copied to hosts)", f"rename it to {RENAMED[key]}; to push a full "
+                                    "checkpoint from the controller set specdeploy_model_source: controller and "
+                                    "specdeploy_model_controller_path", host))
+            ours.pop(key)
+        elif key not in FIELDS:
             close = difflib.get_close_matches(key, FIELDS, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
             problems.append(Finding("error", key, "unknown variable",
@@ -197,6 +237,7 @@ def semantic_problems(host: str, hv: HostVars) -> list[Finding]:
         out.append(Finding("error", "specdeploy_drafter_path",
                            f"speculation is enabled with method {hv.specdeploy_spec_method} but no drafter is set",
                            "set specdeploy_drafter_path, or specdeploy_spec_enabled: false", host))
+    out.extend(source_problems(host, hv))
     from .engines import get_adapter, UnsupportedVersion
     try:
         adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)
@@ -205,4 +246,21 @@ def semantic_problems(host: str, hv: HostVars) -> list[Finding]:
                            "pin one of the supported versions", host))
         return out
     out.extend(adapter.validate_extras(hv, host))
+    return out
+
+
+def source_problems(host: str, hv: HostVars) -> list[Finding]:
+    """Each source mode needs its path."""
+    out: list[Finding] = []
+    kinds = [("model", hv.specdeploy_model_source)]
+    if hv.specdeploy_spec_enabled and hv.specdeploy_drafter_path:
+        kinds.append(("drafter", hv.drafter_source))
+    for kind, mode in kinds:
+        var = f"specdeploy_{kind}_source" if kind == "model" or hv.specdeploy_drafter_source else \
+            "specdeploy_model_source"
+        need = {"controller": f"specdeploy_{kind}_controller_path", "shared": f"specdeploy_{kind}_shared_path"}.get(mode)
+        if need and not getattr(hv, need):
+            out.append(Finding("error", need, f"{var} is {mode} but {need} is not set",
+                               f"set {need} to the full {kind} checkpoint, or {var}: host when the weights are "
+                               "already on the host", host))
     return out

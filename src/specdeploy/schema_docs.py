@@ -17,7 +17,12 @@ ROLE_VARS: dict[str, list[str]] = {
     "gpu_host": ["specdeploy_hardware", "specdeploy_hardware_custom", "specdeploy_sandbox", "specdeploy_runtime"],
     "engine_image": ["specdeploy_engine", "specdeploy_engine_version", "specdeploy_engine_patches",
                      "specdeploy_runtime", "specdeploy_image", "specdeploy_venv_path", "specdeploy_sandbox"],
-    "model_store": ["specdeploy_model_path", "specdeploy_drafter_path", "specdeploy_spec_enabled"],
+    "model_store": ["specdeploy_model_path", "specdeploy_model_source", "specdeploy_model_controller_path",
+                    "specdeploy_model_shared_path", "specdeploy_model_sha256_manifest", "specdeploy_drafter_path",
+                    "specdeploy_drafter_source", "specdeploy_drafter_controller_path",
+                    "specdeploy_drafter_shared_path", "specdeploy_drafter_sha256_manifest",
+                    "specdeploy_spec_enabled", "specdeploy_spec_method", "specdeploy_staging_jobs",
+                    "specdeploy_venv_path"],
     "drafter": ["specdeploy_engine", "specdeploy_engine_version", "specdeploy_model_path",
                 "specdeploy_drafter_path", "specdeploy_spec_enabled", "specdeploy_spec_method",
                 "specdeploy_venv_path"],
@@ -29,7 +34,8 @@ ROLE_VARS: dict[str, list[str]] = {
 ROLE_DESCRIPTIONS = {
     "gpu_host": "Prepare a GPU host: driver checks, persistence mode, fabric manager, ACS/IOMMU, memlock.",
     "engine_image": "Build or install the engine runtime, patched where the version needs it.",
-    "model_store": "Stage the model and drafter onto local disk with checksums.",
+    "model_store": "Verify the model and drafter on the host, or stage them (controller, shared storage) "
+                   "beside the target with an atomic switch; never deletes weights.",
     "drafter": "Check the drafter and convert it for the engine.",
     "inference_engine": "Render the units from the core, start the engine, gate readiness, roll back on failure.",
     "spec_exporter": "Run the speculative-decoding exporter next to the engine.",
