@@ -149,3 +149,27 @@ def specdeploy_acs_files(_=None):
 class FilterModule:
     def filters(self):
         return {name: fn for name, fn in globals().items() if name.startswith("specdeploy_") and callable(fn)}
+
+
+def specdeploy_staging_script(_=None):
+    """Path of the stdlib-only staging script, run on hosts with their own python3 before anything is installed."""
+    from specdeploy import staging
+    return staging.__file__
+
+
+def specdeploy_tree_id(path):
+    """Content id of a controller directory from names, sizes and mtimes (no weights are read)."""
+    from specdeploy.staging import tree_id
+    return tree_id(path)
+
+
+def specdeploy_weights(variables, host):
+    """The checkpoints a host serves, each with its source mode and paths (HostVars.weights)."""
+    from pathlib import Path
+    v, hv = _validated(variables, host)
+    items = hv.weights()
+    base = variables.get("inventory_dir")
+    for it in items:  # controller paths relative to the inventory, as preflight reads them
+        if it["controller"] and base and not Path(it["controller"]).is_absolute():
+            it["controller"] = str(Path(str(base)) / it["controller"])
+    return items

@@ -357,12 +357,13 @@ def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = "vllm", 
         "specdeploy_engine_version": "0.16.0" if engine == "vllm" else "0.5.23",
         "specdeploy_hardware": "rtx_pro_6000_pcie",
         "specdeploy_model_path": "/models/kimi-k2.5-int4",
-        "specdeploy_model_config_copy": str(repo / "examples/models/kimi-k2.5-int4"),
+        "specdeploy_model_source": "controller",
+        "specdeploy_model_controller_path": str(artifacts / "kimi-k2.5-int4"),
         "specdeploy_served_model_name": "moonshotai/Kimi-K2.5",
         "specdeploy_spec_enabled": True,
         "specdeploy_spec_method": "eagle3",
         "specdeploy_drafter_path": "/models/kimi-k2.5-eagle3",
-        "specdeploy_drafter_config_copy": str(artifacts / "kimi-k2.5-eagle3"),
+        "specdeploy_drafter_controller_path": str(artifacts / "kimi-k2.5-eagle3"),
         "specdeploy_spec_num_tokens": 3,
         "specdeploy_port": 8000,
         "specdeploy_router": "sglang-router" if len(hosts) > 1 else "none",
@@ -382,4 +383,9 @@ def artifacts() -> Path:
     d = STATE / "artifacts" / "kimi-k2.5-eagle3"
     if not (d / "model.safetensors").is_file():
         write_drafter(d, drafter_config(eagle_config=None))
+    m = STATE / "artifacts" / "kimi-k2.5-int4"  # a small sharded checkpoint with Kimi's config
+    if not (m / "model.safetensors.index.json").is_file():
+        from .fixtures import write_model
+        repo = Path(__file__).resolve().parents[2]
+        write_model(m, json.loads((repo / "examples/models/kimi-k2.5-int4/config.json").read_text()))
     return d

@@ -155,6 +155,19 @@ class HostVars(BaseModel):
     def drafter_source(self) -> str:
         return self.specdeploy_drafter_source or self.specdeploy_model_source
 
+    def weights(self) -> list[dict]:
+        """The checkpoints this host serves, each with its source mode and paths (model first, then drafter)."""
+        out = [{"kind": "model", "path": self.specdeploy_model_path, "source": self.specdeploy_model_source,
+                "controller": self.specdeploy_model_controller_path, "shared": self.specdeploy_model_shared_path,
+                "manifest": self.specdeploy_model_sha256_manifest}]
+        if self.specdeploy_spec_enabled and self.specdeploy_spec_method in ("eagle3", "eagle") \
+                and self.specdeploy_drafter_path:
+            out.append({"kind": "drafter", "path": self.specdeploy_drafter_path, "source": self.drafter_source,
+                        "controller": self.specdeploy_drafter_controller_path,
+                        "shared": self.specdeploy_drafter_shared_path,
+                        "manifest": self.specdeploy_drafter_sha256_manifest})
+        return out
+
     # ---- derived values -------------------------------------------------------------------
     def profile(self):
         from .hardware import get_profile

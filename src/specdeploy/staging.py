@@ -462,6 +462,23 @@ def stage(src: str | Path, link: str | Path, jobs: int = 4, verify_hash: bool = 
     return {"changed": True, "id": cid, "target": str(final), "previous": prev, **stats}
 
 
+def precheck(mode: str, path: str, kind: str = "model", shared: str | None = None) -> list[Problem]:
+    """Host-side checks before any change on the host: the weights a mode reads are complete, and a mode that
+    switches a link will not meet a directory of weights it did not create."""
+    var = f"specdeploy_{kind}_path"
+    if mode == "host":
+        return verify(path, var).problems
+    out: list[Problem] = []
+    if mode == "shared":
+        out += verify(shared or "", f"specdeploy_{kind}_shared_path").problems
+    p = Path(path)
+    if p.exists() and not p.is_symlink() and (not p.is_dir() or any(p.iterdir())):
+        out.append(Problem(var, f"{p} already holds files and is not a link specdeploy manages; {mode} staging "
+                           "switches a link there and never replaces weights", f"set specdeploy_{kind}_source: host "
+                           f"to serve the weights already at {p}, or point {var} at a new path"))
+    return out
+
+
 # ---- command line (also used on hosts as a plain script) -----------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="staging.py", description=__doc__.splitlines()[0])
@@ -487,6 +504,15 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("id")
     f.add_argument("--variable", default="specdeploy_model_path")
     f.add_argument("--manifest")
+    c = sub.add_parser("precheck", help="host-side checks before any change: the source and the target path")
+    c.add_argument("mode", choices=["host", "controller", "shared"])
+    c.add_argument("path")
+    c.add_argument("--kind", choices=["model", "drafter"], default="model")
+    c.add_argument("--shared")
+    w = sub.add_parser("switch", help="point LINK at TARGET with one rename")
+    w.add_argument("link")
+    w.add_argument("target")
+    w.add_argument("--variable", default="specdeploy_model_path")
     i = sub.add_parser("id", help="content id of a directory (names, sizes, mtimes)")
     i.add_argument("dir")
     a = ap.parse_args(argv)
@@ -507,8 +533,17 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(out) if a.json else f"{a.link} -> {out['target']} "
                   f"({'unchanged' if not out['changed'] else 'staged'})")
             return 0
+        if a.cmd == "precheck":
+            problems = precheck(a.mode, a.path, a.kind, a.shared)
+            for p in problems:
+                print(p.line())
+            return 1 if problems else 0
         if a.cmd == "finish":
             return _finish(a.link, a.id, a.variable, a.manifest)
+        if a.cmd == "switch":
+            prev = switch(a.link, a.target, a.variable)
+            print(json.dumps({"changed": prev != a.target, "previous": prev, "target": a.target}))
+            return 0
         if a.cmd == "id":
             print(tree_id(a.dir))
             return 0
