@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from specdeploy import staging  # noqa: E402
-from specdeploy.safetensors_io import write_sparse  # noqa: E402
+from specdeploy import staging
+from specdeploy.safetensors_io import write_sparse
 
 
 def make_set(root: Path, gb: float, shards: int) -> int:
@@ -122,7 +122,7 @@ def main() -> int:
               "rows": rows, "raw": times, "noop_stage_s": noop}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "staging.json").write_text(json.dumps(result, indent=2))
-    print(f"\n| method | GB/s median (min-max) | vs rsync |\n|---|---|---|")
+    print("\n| method | GB/s median (min-max) | vs rsync |\n|---|---|---|")
     for r in rows:
         print(f"| {r['method']} | {r['gbps_median']:.2f} ({r['gbps_min']:.2f}-{r['gbps_max']:.2f}) | "
               f"{r['vs_rsync']:.2f}x |")

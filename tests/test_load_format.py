@@ -28,7 +28,7 @@ def test_refused_formats_name_the_variable_and_the_choices(engine, version, fmt,
     with pytest.raises(SpecdeployError) as ei:
         validate_host("h", {**BASE, "specdeploy_engine": engine, "specdeploy_engine_version": version,
                             "specdeploy_load_format": fmt})
-    p = [x for x in ei.value.problems if x.subject == "specdeploy_load_format"][0]
+    p = next(x for x in ei.value.problems if x.subject == "specdeploy_load_format")
     assert words in p.message and "safetensors" in p.fix
 
 

@@ -184,7 +184,7 @@ def verify(directory: str | Path, variable: str = "specdeploy_model_path", manif
         absent = wanted.get(s, set()) - names
         if absent:
             res.problems.append(Problem(variable, f"{p} lacks {len(absent)} tensors that {INDEX} places there, "
-                                        f"e.g. {sorted(absent)[0]}", "the index and the shards come from "
+                                        f"e.g. {min(absent)}", "the index and the shards come from "
                                         "different checkpoints: copy both from one source"))
     if manifest:
         _verify_manifest(d, Path(manifest) if Path(manifest).is_absolute() else d / manifest, res, variable,

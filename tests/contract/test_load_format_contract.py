@@ -22,7 +22,7 @@ def _check(engine: str, version: str, real: frozenset[str]):
             assert fmt in real, f"{engine} {version} has no load format '{fmt}'"
         else:
             assert fmt not in real, f"{engine} {version} has '{fmt}' (table says from {span.since})"
-    fmt = sorted(f for f in adapter.load_formats if adapter.load_format_ok(f) and f != "auto")[-1]
+    fmt = max(f for f in adapter.load_formats if adapter.load_format_ok(f) and f != "auto")
     hv = _host(engine, version, specdeploy_load_format=fmt)
     argv = adapter.command(hv).argv
     assert argv[argv.index("--load-format") + 1] == fmt
