@@ -1,7 +1,8 @@
 """Weights on real sandbox hosts: nothing specdeploy runs may lose or alter a model.
 
 One fleet of two hosts. gpu-a holds its model and drafter (`host` source, the README's "Deploying to real hosts"
-path on a copy of inventory/example); gpu-b gets them from the controller (`controller` source). Bad input stops
+path on a copy of inventory/example); gpu-b gets the model from the controller (`controller` source) and the
+drafter from a directory standing for shared storage (`shared` source). Bad input stops
 before any host change; the README path, a no-change redeploy, an engine switch and a rollback leave every shard
 byte-identical; a controller copy killed mid-transfer resumes while the previous copy keeps serving."""
 from __future__ import annotations
@@ -27,6 +28,7 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(
 A, B = "10.231.1.2", "10.231.2.2"
 MODEL, DRAFTER = "/models/kimi-k2.5-int4", "/models/kimi-k2.5-eagle3"
 B_MODEL, B_DRAFTER = "/srv/models/kimi-k2.5-int4", "/srv/models/kimi-k2.5-eagle3"
+SHARED = "/mnt/nfs/kimi-k2.5-eagle3"
 CONFIG = json.loads((REPO / "examples/models/kimi-k2.5-int4/config.json").read_text())
 KEY = "sk-sandbox-model-e2e"
 FAST = ["speculation_gate_concurrency=1,4", "speculation_gate_max_tokens=32"]
@@ -117,7 +119,8 @@ def fleet(tmp_path_factory):
     (inv / "host_vars" / "gpu-b.yml").write_text((inv / "host_vars" / "gpu-b.yml").read_text() + yaml.safe_dump({
         "specdeploy_model_source": "controller", "specdeploy_model_path": B_MODEL,
         "specdeploy_model_controller_path": str(src / "kimi-k2.5-int4"), "specdeploy_drafter_path": B_DRAFTER,
-        "specdeploy_drafter_controller_path": str(src / "kimi-k2.5-eagle3")}))
+        "specdeploy_drafter_source": "shared", "specdeploy_drafter_shared_path": SHARED}))
+    push(src / "kimi-k2.5-eagle3", B, SHARED)  # stands for an NFS/Lustre mount on gpu-b
     yield {"inv": inv, "src": src, "root": root, "a_model": fingerprint(A, MODEL), "a_drafter": fingerprint(A, DRAFTER)}
     sandbox.down()
 
@@ -171,6 +174,8 @@ def test_readme_path_deploys_without_touching_the_weights(fleet):
     assert re.fullmatch(r"/srv/models/\.kimi-k2\.5-int4\.specdeploy/[0-9a-f]{16}", target), target
     assert sums(B, B_MODEL) == local_sums(fleet["src"] / "kimi-k2.5-int4")
     assert sums(B, B_DRAFTER) == local_sums(fleet["src"] / "kimi-k2.5-eagle3")
+    assert ssh(B, f"readlink {B_DRAFTER}").startswith("/srv/models/.kimi-k2.5-eagle3.specdeploy/")
+    assert sums(B, SHARED) == local_sums(fleet["src"] / "kimi-k2.5-eagle3")
     # the gate ran (baseline, then speculation): its baseline is never the release rollback goes back to
     base = ssh(A, "cat /var/lib/specdeploy/gate-baseline").strip()
     assert base and ssh(A, "cat /var/lib/specdeploy/previous 2>/dev/null; true").strip() != base
