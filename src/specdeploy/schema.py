@@ -166,6 +166,10 @@ class HostVars(BaseModel):
                         "controller": self.specdeploy_drafter_controller_path,
                         "shared": self.specdeploy_drafter_shared_path,
                         "manifest": self.specdeploy_drafter_sha256_manifest})
+        from .staging import store_of
+        for it in out:  # where controller and shared copies are staged, beside the target
+            it["path"] = it["path"].rstrip("/") or "/"
+            it["store"] = str(store_of(it["path"]))
         return out
 
     # ---- derived values -------------------------------------------------------------------
