@@ -80,9 +80,9 @@ def play(inv: Path, playbook: str, *extra: str, limit: str | None = None, timeou
 
 def ran(out: str, task: str) -> bool:
     """Did any host run (not skip) the task whose name starts with ``task``?"""
-    for section in re.split(r"^TASK \[", out, flags=re.M)[1:]:
+    for section in re.split(r"^TASK \[", out, flags=re.MULTILINE)[1:]:
         head, _, body = section.partition("\n")
-        if task in head and re.search(r"^(ok|changed): ", body, re.M):
+        if task in head and re.search(r"^(ok|changed): ", body, re.MULTILINE):
             return True
     return False
 
