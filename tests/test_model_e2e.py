@@ -206,13 +206,18 @@ def test_no_change_redeploy_reads_no_weights(fleet):
 def test_engine_switch_and_rollback_keep_the_weights(fleet):
     inv = fleet["inv"]
     drafter_vllm = ssh(A, "readlink /var/lib/specdeploy/drafter/vllm").strip()
+    serving = ssh(A, "cat /var/lib/specdeploy/current").strip()
     rc, out = play(inv, "deploy.yml", "specdeploy_engine=sglang", "specdeploy_engine_version=0.5.23",
                    "specdeploy_spec_gate=false")
     assert rc == 0, out[-4000:]
     assert ssh(A, "systemctl is-active specdeploy-sglang").strip() == "active" and chat(A)
+    # previous is the release that served before, never the gate's no-drafter baseline
+    assert ssh(A, "cat /var/lib/specdeploy/previous").strip() == serving
+    assert serving != ssh(A, "cat /var/lib/specdeploy/gate-baseline").strip()
     weights_untouched(fleet)
     rc, out = play(inv, "rollback.yml")
     assert rc == 0, out[-4000:]
+    assert ssh(A, "cat /var/lib/specdeploy/current").strip() == serving
     for h in (A, B):
         assert ssh(h, "systemctl is-active specdeploy-vllm").strip() == "active" and chat(h)
     assert ssh(A, "readlink /var/lib/specdeploy/drafter/vllm").strip() == drafter_vllm
@@ -248,5 +253,5 @@ def test_controller_copy_killed_mid_transfer_resumes_while_the_old_copy_serves(f
     assert new != old and sums(B, B_MODEL) == local_sums(src)
     sent = int(re.search(r"Literal data: ([\d,]+)", out).group(1).replace(",", ""))
     assert sent < 3 * (28 << 20) - (16 << 20), f"the resumed copy sent {sent} bytes again"
-    assert sums(B, old).count("safetensors") == 3  # the previous copy is kept
+    assert sums(B, old).count(".safetensors\n") == 3  # the previous copy is kept
     assert chat(B)
