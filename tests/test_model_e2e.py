@@ -77,7 +77,7 @@ def play(inv: Path, playbook: str, *extra: str, limit: str | None = None, timeou
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout, check=False)
     out = r.stdout + r.stderr
     if r.returncode:  # the failing tasks first: the tail of a long run rarely shows them
-        fatal = [b for b in re.split(r"\n(?=TASK \[)", out) if re.search(r"^(fatal|failed):", b, re.M)]
+        fatal = [b for b in re.split(r"\n(?=TASK \[)", out) if re.search(r"^(fatal|failed):", b, re.MULTILINE)]
         out = "\n".join(b[-1500:] for b in fatal) + "\n...\n" + out
     return r.returncode, out
 
