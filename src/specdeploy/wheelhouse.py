@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 HOST_REQUIREMENTS = ["typer>=0.12", "rich>=13", "prometheus-client>=0.20", "pyyaml>=6", "jinja2>=3.1",
-                     "pydantic>=2.6", "requests>=2.31"]
+                     "pydantic>=2.6", "requests>=2.31", "safetensors>=0.4", "numpy>=1.24"]
 REPO = Path(__file__).resolve().parents[2]
 
 
