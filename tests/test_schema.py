@@ -95,3 +95,21 @@ def test_variable_docs_match_schema(repo):
         "regenerate: specdeploy schema docs > docs/variables.md"
     for name in FIELDS:
         assert f"`{name}`" in variables_markdown()
+
+
+def test_role_defaults_pass_their_own_argument_specs(repo):
+    """Ansible validates every role's arguments before it runs; the schema's own defaults (null included) must pass,
+    or a deploy that leaves an optional variable unset fails at the role's first task."""
+    import yaml
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+    from specdeploy.schema_docs import ROLE_VARS, argument_specs, role_defaults
+    for role in ROLE_VARS:
+        spec = argument_specs(role)["argument_specs"]["main"]["options"]
+        sample = {"str": "x", "int": 1, "bool": True, "float": 1.0, "dict": {}, "list": [], "raw": "x"}
+        required = {n: (o.get("choices") or [sample[o["type"]]])[0] for n, o in spec.items() if o.get("required")}
+        values = {n: None for n in spec if not spec[n].get("required")} | role_defaults(role) | required
+        errors = [str(e) for e in ArgumentSpecValidator(spec).validate(values).errors]
+        assert not errors, (role, errors)
+        on_disk = yaml.safe_load((repo / f"ansible/roles/{role}/meta/argument_specs.yml").read_text())
+        assert on_disk["argument_specs"]["main"]["options"] == spec

@@ -53,10 +53,10 @@ def _strip_optional(tp):
 
 
 def _ansible_type(tp) -> dict[str, Any]:
-    tp, _ = _strip_optional(tp)
+    tp, optional = _strip_optional(tp)
     origin = typing.get_origin(tp)
-    if origin is Literal:
-        return {"type": "str", "choices": list(typing.get_args(tp))}
+    if origin is Literal:  # Ansible checks choices even for a null value: a nullable choice lists None
+        return {"type": "str", "choices": list(typing.get_args(tp)) + ([None] if optional else [])}
     if tp is bool:
         return {"type": "bool"}
     if tp is int:
