@@ -396,9 +396,11 @@ DEFAULT_ULIMITS = {"memlock": {"Name": "memlock", "Hard": -1, "Soft": -1},
                    "nofile": {"Name": "nofile", "Hard": 1048576, "Soft": 1048576}}
 
 
-def docker_daemon_config(current: str | None) -> dict:
+def docker_daemon_config(current: str | None, gpus: bool = True) -> dict:
     """daemon.json with the NVIDIA runtime and the engine's ulimits (memlock, nofile) merged in; every other key
-    of the current file is kept. ``differs`` is False when the file already says this, in any formatting."""
+    of the current file is kept. ``differs`` is False when the file already says this, in any formatting.
+    Unlimited memlock is for hosts with GPUs only: where the daemon's own hard limit is lower (a sandbox host
+    inherits its controller's), every container, image builds included, would fail to start with it."""
     try:
         cur = json.loads(current) if current and current.strip() else {}
     except json.JSONDecodeError as exc:
@@ -410,7 +412,8 @@ def docker_daemon_config(current: str | None) -> dict:
     new.setdefault("runtimes", {})["nvidia"] = dict(NVIDIA_RUNTIME)
     ul = new.setdefault("default-ulimits", {})
     for k, v in DEFAULT_ULIMITS.items():
-        ul.setdefault(k, v)
+        if k != "memlock" or gpus:
+            ul.setdefault(k, v)
     return {"differs": new != cur, "content": json.dumps(new, indent=2, sort_keys=True) + "\n", "error": None}
 
 
@@ -748,7 +751,7 @@ def host_decisions(host: str, hv, output: str, acs_disable: bool = False) -> dic
         "acs_disable": bool(acs_disable and prof.interconnect == "pcie"),
         "nccl_env": dict(env, NCCL_P2P_DISABLE="1") if p2p_off_reason else None, "nccl_env_source": source,
         "p2p_off_reason": p2p_off_reason, "engine_unit": unit_name(hv.specdeploy_engine),
-        "daemon_json": docker_daemon_config(facts.daemon_json),
+        "daemon_json": docker_daemon_config(facts.daemon_json, gpus=not hv.specdeploy_sandbox and prof.gpu_count > 0),
     }
 
 
