@@ -65,8 +65,7 @@ def test_role_configures_docker_keeps_user_keys_and_is_idempotent(inv):
     daemon = json.loads(ssh(host.address, "cat /etc/docker/daemon.json").stdout)
     assert daemon["log-level"] == "warn"
     assert daemon["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
-    assert "memlock" not in daemon["default-ulimits"]  # no GPUs here: builds and runs must start
-    assert daemon["default-ulimits"]["nofile"]["Hard"] == 1048576
+    assert "default-ulimits" not in daemon  # no GPUs here: raised limits would stop every container from starting
     assert ssh(host.address, "test -e /etc/security/limits.d/90-specdeploy.conf").returncode == 1
     unit = ssh(host.address, "systemctl is-active specdeploy-acs-off; journalctl -u specdeploy-acs-off -o cat")
     assert unit.stdout.startswith("active") and "no NVIDIA GPU on the PCI bus" in unit.stdout

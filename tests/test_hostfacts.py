@@ -285,9 +285,9 @@ def test_daemon_json_merges_and_is_stable():
     mine = hf.docker_daemon_config('{"data-root": "/data/docker"}')
     assert mine["differs"] and json.loads(mine["content"])["data-root"] == "/data/docker"
     assert hf.docker_daemon_config("{not json")["error"].startswith("/etc/docker/daemon.json is not JSON")
-    # a host without GPUs gets no unlimited memlock: a daemon whose own hard limit is lower starts no container
-    nogpu = json.loads(hf.docker_daemon_config(None, gpus=False)["content"])
-    assert "memlock" not in nogpu["default-ulimits"] and nogpu["default-ulimits"]["nofile"]["Hard"] == 1048576
+    # a host without GPUs gets no raised ulimits: a daemon whose own hard limits are lower starts no container
+    nogpu = json.loads(hf.docker_daemon_config('{"log-level": "warn"}', gpus=False)["content"])
+    assert "default-ulimits" not in nogpu and nogpu["log-level"] == "warn" and "nvidia" in nogpu["runtimes"]
 
 
 def test_preflight_hosts_reads_each_engine_host(example_inv):

@@ -399,8 +399,8 @@ DEFAULT_ULIMITS = {"memlock": {"Name": "memlock", "Hard": -1, "Soft": -1},
 def docker_daemon_config(current: str | None, gpus: bool = True) -> dict:
     """daemon.json with the NVIDIA runtime and the engine's ulimits (memlock, nofile) merged in; every other key
     of the current file is kept. ``differs`` is False when the file already says this, in any formatting.
-    Unlimited memlock is for hosts with GPUs only: where the daemon's own hard limit is lower (a sandbox host
-    inherits its controller's), every container, image builds included, would fail to start with it."""
+    The ulimits are for hosts with GPUs only: where the daemon's own hard limits are lower (a sandbox host
+    inherits its controller's), every container, image builds included, would fail to start with them."""
     try:
         cur = json.loads(current) if current and current.strip() else {}
     except json.JSONDecodeError as exc:
@@ -410,9 +410,9 @@ def docker_daemon_config(current: str | None, gpus: bool = True) -> dict:
         return {"differs": False, "error": "/etc/docker/daemon.json is not a JSON object", "content": current}
     new = json.loads(json.dumps(cur))
     new.setdefault("runtimes", {})["nvidia"] = dict(NVIDIA_RUNTIME)
-    ul = new.setdefault("default-ulimits", {})
-    for k, v in DEFAULT_ULIMITS.items():
-        if k != "memlock" or gpus:
+    if gpus:
+        ul = new.setdefault("default-ulimits", {})
+        for k, v in DEFAULT_ULIMITS.items():
             ul.setdefault(k, v)
     return {"differs": new != cur, "content": json.dumps(new, indent=2, sort_keys=True) + "\n", "error": None}
 
