@@ -166,8 +166,6 @@ def test_wheelhouse_targets_the_hosts_python(tmp_path):
     other = "3.12" if sys.version_info[:2] != (3, 12) else "3.11"
     r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(tmp_path), "--only-binary=:all:",
                         *target_args(f"{other}:x86_64:2.36"), "pyyaml==6.0.2"], capture_output=True, text=True)
-    if r.returncode != 0 and "Could not fetch" in r.stderr + r.stdout:
-        pytest.skip("package index unreachable")
     assert r.returncode == 0, r.stderr
     (whl,) = tmp_path.glob("*.whl")
     assert f"cp{other.replace('.', '')}" in whl.name and "manylinux" in whl.name
