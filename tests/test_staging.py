@@ -117,8 +117,10 @@ def test_copy_resumes_after_a_kill(tmp_path):
     link.parent.mkdir()
     progress = tmp_path / "progress.json"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    # 40 MB/s: the ~200 MB copy takes ~5 s, so the kill lands mid-copy however fast or loaded the machine is
     p = subprocess.Popen([sys.executable, str(SCRIPT), "stage", str(src), str(link), "--jobs", "1",
-                          "--progress-file", str(progress)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                          "--max-rate-mbps", "40", "--progress-file", str(progress)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
     while time.time() < deadline:
         if progress.is_file() and json.loads(progress.read_text())["bytes"] > (60 << 20):

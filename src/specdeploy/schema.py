@@ -87,6 +87,9 @@ class HostVars(BaseModel):
         "specdeploy_drafter_path when it exists on the controller.")
     specdeploy_staging_jobs: int = Field(
         4, ge=1, le=64, description="Files copied at once by `shared` staging.")
+    specdeploy_staging_max_rate_mbps: float = Field(
+        0, ge=0, description="`shared` staging reads at most this many MB/s from shared storage, all files "
+        "together, so a fleet staging at once does not starve the storage (0: no limit).")
     specdeploy_served_model_name: str | None = Field(
         None, description="Model name served by the OpenAI-compatible API (default: the model directory name).")
     specdeploy_tensor_parallel_size: int | None = Field(

@@ -22,7 +22,7 @@ ROLE_VARS: dict[str, list[str]] = {
                     "specdeploy_drafter_source", "specdeploy_drafter_controller_path",
                     "specdeploy_drafter_shared_path", "specdeploy_drafter_sha256_manifest",
                     "specdeploy_spec_enabled", "specdeploy_spec_method", "specdeploy_staging_jobs",
-                    "specdeploy_venv_path"],
+                    "specdeploy_staging_max_rate_mbps", "specdeploy_venv_path"],
     "drafter": ["specdeploy_engine", "specdeploy_engine_version", "specdeploy_model_path",
                 "specdeploy_drafter_path", "specdeploy_spec_enabled", "specdeploy_spec_method",
                 "specdeploy_venv_path"],

@@ -294,18 +294,24 @@ def switch(link: str | Path, target: str | Path, variable: str = "specdeploy_mod
 class Progress:
     """Thread-safe byte counter with rate and ETA, written to an optional JSON file about once a second."""
 
-    def __init__(self, total: int, out: Path | None = None, echo=None):
+    def __init__(self, total: int, out: Path | None = None, echo=None, max_rate: float | None = None):
         self.total, self.done, self.t0 = total, 0, time.monotonic()
         self.out, self.echo, self.lock, self.last = out, echo, threading.Lock(), 0.0
+        self.max_rate = max_rate if max_rate and max_rate > 0 else None
 
     def add(self, n: int, force: bool = False):
         with self.lock:
             self.done += n
             now = time.monotonic()
-            if not force and now - self.last < 1.0:
-                return
-            self.last = now
-            snap = self.snapshot()
+            ahead = self.done / self.max_rate - (now - self.t0) if self.max_rate else 0.0
+            report = force or now - self.last >= 1.0
+            if report:
+                self.last = now
+                snap = self.snapshot()
+        if ahead > 0:  # shared storage is shared: stay under the rate asked for (all copy threads together)
+            time.sleep(min(ahead, 1.0))
+        if not report:
+            return
         if self.out:
             tmp = self.out.with_name(self.out.name + ".tmp")
             tmp.write_text(json.dumps(snap))
@@ -373,10 +379,12 @@ def _copy_file(src: Path, dst: Path, prog: Progress, verify_hash: bool, chunk: i
 
 
 def copy_tree(src: str | Path, dst: str | Path, jobs: int = 4, verify_hash: bool = True,
-              progress_file: str | Path | None = None, echo=None, link_from: str | Path | None = None) -> dict:
+              progress_file: str | Path | None = None, echo=None, link_from: str | Path | None = None,
+              max_rate: float | None = None) -> dict:
     """Copy ``src`` into ``dst`` (a directory specdeploy owns), ``jobs`` files at a time. A journal in ``dst``
     records each verified file, so a rerun after an interruption copies only what is missing. With
-    ``link_from`` (the previous complete copy) unchanged files are hard-linked instead of copied."""
+    ``link_from`` (the previous complete copy) unchanged files are hard-linked instead of copied. ``max_rate``
+    (bytes per second, all jobs together) keeps the copy from saturating shared storage."""
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     jpath = dst / JOURNAL
@@ -401,7 +409,7 @@ def copy_tree(src: str | Path, dst: str | Path, jobs: int = 4, verify_hash: bool
             continue
         todo.append((rel, size, mtime))
     total = sum(s for _, s, _ in todo)
-    prog = Progress(total, Path(progress_file) if progress_file else None, echo)
+    prog = Progress(total, Path(progress_file) if progress_file else None, echo, max_rate)
     lock = threading.Lock()
 
     def one(item):
@@ -432,7 +440,7 @@ def copy_tree(src: str | Path, dst: str | Path, jobs: int = 4, verify_hash: bool
 
 def stage(src: str | Path, link: str | Path, jobs: int = 4, verify_hash: bool = True,
           variable: str = "specdeploy_model_path", manifest: str | None = None, progress_file=None,
-          echo=None) -> dict:
+          echo=None, max_rate: float | None = None) -> dict:
     """Stage ``src`` beside ``link`` and flip ``link`` to it once it is complete and verified. Returns what was
     done; an unchanged source reads no weights."""
     src, link = Path(src), Path(link)
@@ -449,7 +457,7 @@ def stage(src: str | Path, link: str | Path, jobs: int = 4, verify_hash: bool = 
     if not (final / COMPLETE).is_file():
         partial = store / f"{cid}.partial"
         stats = copy_tree(src, partial, jobs, verify_hash, progress_file, echo,
-                          link_from=previous if previous and previous.is_dir() else None)
+                          link_from=previous if previous and previous.is_dir() else None, max_rate=max_rate)
         res = verify(partial, variable, manifest)
         if not res.ok:
             raise SwitchError("\n".join(p.line() for p in res.problems))
@@ -498,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--variable", default="specdeploy_model_path")
     s.add_argument("--manifest")
     s.add_argument("--progress-file")
+    s.add_argument("--max-rate-mbps", type=float, default=0.0,
+                   help="read at most this many MB/s from the source, all jobs together (0: no limit)")
     s.add_argument("--json", action="store_true")
     f = sub.add_parser("finish", help="verify STORE/ID.partial (copied by rsync), mark it complete, switch LINK")
     f.add_argument("link")
@@ -529,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if res.ok else 1
         if a.cmd == "stage":
             echo = None if a.json else (lambda snap: print(snap["line"], file=sys.stderr, flush=True))
-            out = stage(a.src, a.link, a.jobs, a.verify == "hash", a.variable, a.manifest, a.progress_file, echo)
+            out = stage(a.src, a.link, a.jobs, a.verify == "hash", a.variable, a.manifest, a.progress_file, echo,
+                        max_rate=a.max_rate_mbps * 1e6)
             print(json.dumps(out) if a.json else f"{a.link} -> {out['target']} "
                   f"({'unchanged' if not out['changed'] else 'staged'})")
             return 0
