@@ -3,9 +3,11 @@ per-host rows, `status` against live exporters, a real Prometheus and an unreach
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -189,3 +191,31 @@ def test_status_and_report_from_live_exporters_and_prometheus(tmp_path):
 
 def test_host_row_defaults():
     assert HostRow("x").phase == "waiting"
+
+
+def test_staging_progress_from_a_real_rsync_log_and_a_hosts_progress_file(tmp_path, monkeypatch):
+    """A `controller` copy: the progress rsync itself wrote (--info=progress2) into the controller log; a `shared`
+    copy: the host's progress file, read over the host's ssh command (here a local shell)."""
+    from specdeploy import staging
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.safetensors").write_bytes(b"\1" * (3 << 20))
+    run = Run([Target("gpu-b", "x", "vllm", 1, 2, "u", ["false"])], tmp_path / "e.jsonl")
+    log = staging.controller_log("gpu-b", "model")
+    with log.open("w") as f:
+        subprocess.run(["rsync", "-a", "--info=progress2", "--no-inc-recursive", "--bwlimit=2m", f"{src}/",
+                        str(tmp_path / "dst")], stdout=f, stderr=subprocess.STDOUT, check=True)
+    text = run.poll_stage("gpu-b")
+    assert text.startswith("model 0.00") and "GB/s" in text and "ETA" in text, text
+    p = staging.rsync_progress(log.read_text())
+    assert p["bytes"] == 3 << 20 and p["percent"] == 100
+    # a log from before this run is not this run's progress; the host's file is read instead
+    os.utime(log, (run.started - 60, run.started - 60))
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "staging-drafter.json").write_text(json.dumps({"line": "1.00/2.00 GB, 0.50 GB/s, ETA 2s"}))
+    monkeypatch.setattr("specdeploy.render.STATE_DIR", str(state))
+    run.targets["gpu-b"] = Target("gpu-b", "x", "vllm", 1, 2, "u", ["bash", "-c"])
+    assert run.poll_stage("gpu-b") == "drafter 1.00/2.00 GB, 0.50 GB/s, ETA 2s"

@@ -163,6 +163,12 @@ def specdeploy_tree_id(path):
     return tree_id(path)
 
 
+def specdeploy_stage_log(host, kind):
+    """Controller-side log of a `controller` copy's rsync progress (read by `specdeploy deploy`)."""
+    from specdeploy.staging import controller_log
+    return str(controller_log(host, kind))
+
+
 def specdeploy_weights(variables, host):
     """The checkpoints a host serves, each with its source mode and paths (HostVars.weights)."""
     from pathlib import Path

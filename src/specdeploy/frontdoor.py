@@ -219,6 +219,7 @@ class Run:
         self.done = threading.Event()
         self.stats: dict[str, dict[str, int]] = {}
         self.rc: int | None = None
+        self.started = time.time()
 
     def log(self, **rec):
         rec.setdefault("t", time.time())
@@ -274,10 +275,54 @@ class Run:
                      **({"triage": row.triage} if "inference_engine_triage" in facts else {}))
         return True
 
+    def poll_stage(self, host: str) -> str:
+        """Staging progress of a host: a `controller` copy's rsync log on this machine, else a `shared` copy's
+        progress file on the host."""
+        from .render import STATE_DIR
+        from .staging import controller_log, rsync_progress
+        parts = []
+        for kind in ("model", "drafter"):
+            log = controller_log(host, kind)
+            try:
+                if log.stat().st_mtime < self.started:
+                    continue
+                p = rsync_progress(log.read_bytes()[-4096:].decode("utf-8", "replace"))
+            except OSError:
+                continue
+            if p:
+                parts.append(f"{kind} {p['line']}")
+        if parts:
+            return "; ".join(parts)
+        t = self.targets[host]
+        try:
+            r = subprocess.run(t.ssh + [f"cd {STATE_DIR} 2>/dev/null && for f in $(find . -maxdepth 1 -name "
+                                        f"'staging-*.json' -newermt @{int(self.started)}); do "
+                                        'echo "$f $(cat $f)"; done; true'],
+                               capture_output=True, text=True, timeout=8)
+        except (subprocess.TimeoutExpired, OSError):
+            return ""
+        for line in r.stdout.splitlines():
+            name, _, js = line.partition(" ")
+            try:
+                snap = json.loads(js)
+            except ValueError:
+                continue
+            parts.append(f"{name.removeprefix('./staging-').removesuffix('.json')} {snap.get('line', '')}")
+        return "; ".join(parts)
+
     def poll_load(self, interval: float = 2.0):
-        """While a host is in its load phase, read the engine's log and turn it into progress and an ETA."""
+        """While a host stages weights or loads them, show progress: bytes, rate and ETA of the copy; shards,
+        KV cache and CUDA graphs of the engine's load, read from its log."""
         while not self.done.wait(interval):
             for host, row in list(self.rows.items()):
+                if row.phase == "stage" and not row.result:
+                    text = self.poll_stage(host)
+                    if text and text != row.progress:
+                        row.progress = text
+                        self.log(event="stage_progress", host=host, phase="stage", progress=text)
+                        if self.on_change:
+                            self.on_change(self, host)
+                    continue
                 if row.phase != "load" or row.result:
                     continue
                 lines = read_journal(self.targets[host])

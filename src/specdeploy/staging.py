@@ -251,6 +251,34 @@ def listing(src: Path) -> list[tuple[str, int, int]]:
     return sorted(out)
 
 
+def controller_log(host: str, kind: str) -> Path:
+    """Where a `controller` copy's rsync progress is written on the controller, for the deploy front door."""
+    import tempfile
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in host)
+    return Path(tempfile.gettempdir()) / f"specdeploy-stage-{safe}-{kind}.log"
+
+
+_UNITS = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+
+
+def rsync_progress(text: str) -> dict | None:
+    """The last ``--info=progress2`` line of an rsync log as {bytes, percent, rate_bps, eta_s, line}; None when
+    the log holds no progress line yet."""
+    import re
+    last = None
+    for m in re.finditer(r"([\d,]+)\s+(\d{1,3})%\s+([\d.]+)([kKMGT]?B)/s\s+(\d+):(\d\d):(\d\d)", text):
+        last = m
+    if not last:
+        return None
+    done, pct = int(last.group(1).replace(",", "")), int(last.group(2))
+    rate = float(last.group(3)) * _UNITS.get(last.group(4), 1)
+    eta = int(last.group(5)) * 3600 + int(last.group(6)) * 60 + int(last.group(7))
+    total = done * 100 / pct if pct else None
+    line = (f"{done / 1e9:.2f}" + (f"/{total / 1e9:.2f}" if total else "") + f" GB, {rate / 1e9:.2f} GB/s, "
+            f"ETA {eta}s")
+    return {"bytes": done, "percent": pct, "rate_bps": rate, "eta_s": eta, "line": line}
+
+
 def tree_id(src: str | Path) -> str:
     """A content id from names, sizes and mtimes: no weights are read."""
     h = hashlib.sha256()
