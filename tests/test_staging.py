@@ -204,3 +204,21 @@ def test_preflight_errors_on_missing_paths_and_old_names(tmp_path):
     assert [e.subject for e in errs] == ["specdeploy_drafter_controller_path"]
     errs = errors({"specdeploy_model_local_path": "/x"})
     assert errs[0].subject == "specdeploy_model_local_path" and "specdeploy_model_config_copy" in errs[0].fix
+
+
+def test_a_third_copy_prunes_the_first_and_keeps_the_previous_and_partials(model, tmp_path):
+    link = tmp_path / "models" / "kimi"
+    link.parent.mkdir()
+    first = staging.stage(model, link)
+    (model / "generation_config.json").write_text('{"max_new_tokens": 1}')
+    second = staging.stage(model, link)
+    assert second["pruned"] == [] and Path(first["target"]).is_dir()  # the previous copy stays
+    stale = staging.store_of(link) / "0123456789abcdef.partial"  # an interrupted copy: a rerun resumes it
+    stale.mkdir()
+    (model / "generation_config.json").write_text('{"max_new_tokens": 2}')
+    third = staging.stage(model, link)
+    assert third["pruned"] == [first["target"]] and not Path(first["target"]).exists()
+    assert third["previous"] == second["target"] and staging.verify(second["target"]).ok
+    assert stale.is_dir() and digests(link) == digests(model)
+    assert sorted(p.name for p in staging.store_of(link).iterdir()) == sorted(
+        [Path(second["target"]).name, Path(third["target"]).name, stale.name])

@@ -318,6 +318,24 @@ def switch(link: str | Path, target: str | Path, variable: str = "specdeploy_mod
     return prev
 
 
+def prune(link: str | Path, keep: tuple = ()) -> list[str]:
+    """Remove complete copies in ``link``'s store (specdeploy's own directory) other than the one ``link``
+    points at and those in ``keep`` (the previous copy, kept until the new one serves). Partial copies stay:
+    a rerun resumes them. Returns the removed paths."""
+    import shutil
+    link = Path(link)
+    store = store_of(link)
+    kept = {str(Path(k)) for k in keep if k}
+    if link.is_symlink():
+        kept.add(os.readlink(link))
+    removed = []
+    for d in sorted(store.iterdir()) if store.is_dir() else []:
+        if d.is_dir() and not d.is_symlink() and (d / COMPLETE).is_file() and str(d) not in kept:
+            shutil.rmtree(d)
+            removed.append(str(d))
+    return removed
+
+
 # ---- verified, resumable, parallel copy ---------------------------------------------------------------------
 class Progress:
     """Thread-safe byte counter with rate and ETA, written to an optional JSON file about once a second."""
@@ -495,7 +513,8 @@ def stage(src: str | Path, link: str | Path, jobs: int = 4, verify_hash: bool = 
     else:
         stats = {"copied": 0}
     prev = switch(link, final, variable)
-    return {"changed": True, "id": cid, "target": str(final), "previous": prev, **stats}
+    pruned = prune(link, keep=(prev,))
+    return {"changed": True, "id": cid, "target": str(final), "previous": prev, "pruned": pruned, **stats}
 
 
 def precheck(mode: str, path: str, kind: str = "model", shared: str | None = None) -> list[Problem]:
@@ -605,7 +624,9 @@ def _finish(link: str, cid: str, variable: str, manifest: str | None) -> int:
             rel: [size, mtime] for rel, size, mtime in listing(partial)}}))
         os.replace(partial, final)
     prev = switch(link, final, variable)
-    print(json.dumps({"changed": prev != str(final), "id": cid, "target": str(final), "previous": prev}))
+    pruned = prune(link, keep=(prev,)) if prev != str(final) else []
+    print(json.dumps({"changed": prev != str(final), "id": cid, "target": str(final), "previous": prev,
+                      "pruned": pruned}))
     return 0
 
 
