@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specdeploy.simulator import crash_log, sglang_crash_log
+from specdeploy.simulator import crash_log
 from specdeploy.triage import normalise, read_log, triage_files, triage_lines
 
 CORPUS = Path(__file__).parent / "data" / "triage"
@@ -257,7 +257,7 @@ def test_a_journal_across_restarts_is_triaged_by_its_latest_run():
            "server version 0.16.0"), "Traceback (most recent call last):", '  File "/x/api_server.py", line 5, in run',
            "OSError: [Errno 98] Address already in use"]
     new = ["Started specdeploy-vllm.service - vLLM.", ("(APIServer pid=9) INFO 02-21 10:00:00 [api_server.py:1] vLLM API "
-           "server version 0.16.0")] + crash_log("0.16.0", "/m", 3, 2).splitlines()
+           "server version 0.16.0")] + crash_log("vllm", "0.16.0", "/m", 3, 2).splitlines()
     assert triage_lines(old + new).signature == "kimi-image-token-index"
     # the latest run shows nothing yet (still loading): the previous run's ending is the answer
     assert triage_lines(old + new + ["Started specdeploy-vllm.service - vLLM.", "Loading weights 10%"]).signature \
@@ -306,11 +306,11 @@ def test_triage_signatures(line, sig):
 
 @pytest.mark.parametrize("tp", [1, 4, 8])
 def test_simulator_crash_logs_triage_in_both_engine_formats(tp):
-    sg = triage_lines(sglang_crash_log("0.5.10", "/models/kimi", 3, tp).splitlines())
+    sg = triage_lines(crash_log("sglang", "0.5.10", "/models/kimi", 3, tp).splitlines())
     assert sg.outcome == "failed" and sg.signature == "sglang-custom-allreduce-pcie" and sg.confidence == "high"
     assert sg.worker.startswith("TP") and sg.rank is not None and "CustomAllReduceV2" in sg.root_cause
     assert sg.location.endswith("cuda_graph_runner.py:381")
-    vl = triage_lines(crash_log("0.16.0", "/models/kimi", 3, tp).splitlines())
+    vl = triage_lines(crash_log("vllm", "0.16.0", "/models/kimi", 3, tp).splitlines())
     assert vl.signature == "kimi-image-token-index" and vl.worker.startswith("Worker_TP")
 
 

@@ -113,7 +113,7 @@ def engine_image(engine: str = typer.Option(..., "--engine"), version: str = typ
                  patches: str = typer.Option("auto", "--patches"),
                  field: Optional[str] = typer.Option(None, "--field", help="print one field: tag, patch_set, ...")):
     """The image tag, patch set and build arguments for an engine version."""
-    from .engines import UnsupportedVersion
+    from .engines import UnsupportedVersion, get
     from .images import image_tag, upstream_image
     from .patches import patch_set_id, required_patches
     try:
@@ -121,7 +121,7 @@ def engine_image(engine: str = typer.Option(..., "--engine"), version: str = typ
                 "patch_set": patch_set_id(engine, version, patches),
                 "patches": list(required_patches(engine, version)) if patches == "auto" else [],
                 "dockerfile": f"docker/{engine}.Dockerfile",
-                "build_args": {("VLLM_VERSION" if engine == "vllm" else "SGLANG_VERSION"): version,
+                "build_args": {get(engine).version_arg: version,
                                "PATCH_SET": patch_set_id(engine, version, patches)}}
     except (UnsupportedVersion, KeyError) as exc:
         print(f"ERROR --version: {exc}", file=sys.stderr)
@@ -141,14 +141,19 @@ def engine_standin(engine: str = typer.Option(..., "--engine"), version: str = t
     """Sandbox: build context of the local stand-in for the official engine image (real engine sources)."""
     from .images import standin_context
     from .upstream import UpstreamError
-    if engine not in ("vllm", "sglang"):
-        print(f"ERROR --engine: unknown engine '{engine}' Fix: use vllm or sglang", file=sys.stderr)
-        raise typer.Exit(2)
+    _known_engine(engine)
     try:
         print(standin_context(engine, version, out))
     except (UpstreamError, OSError) as exc:
         print(f"ERROR --version {version}: cannot get the {engine} sources: {exc} Fix: check the package index "
               "is reachable from the controller", file=sys.stderr)
+        raise typer.Exit(2)
+
+
+def _known_engine(engine: str) -> None:
+    from .engines import names
+    if engine not in names():
+        print(f"ERROR --engine: unknown engine '{engine}' Fix: use {' or '.join(names())}", file=sys.stderr)
         raise typer.Exit(2)
 
 
@@ -192,9 +197,7 @@ def exporter_cmd(engine: str = typer.Option(..., "--engine"), engine_url: str = 
     """Serve speculative-decoding metrics under one engine-independent set of names."""
     import time as _t
     from .exporter import serve
-    if engine not in ("vllm", "sglang"):
-        print(f"ERROR --engine: unknown engine '{engine}' Fix: use vllm or sglang", file=sys.stderr)
-        raise typer.Exit(2)
+    _known_engine(engine)
     from .argcheck import http_url, listen_address
     try:
         listen_address(listen, "--listen")

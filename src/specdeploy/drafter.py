@@ -1,8 +1,8 @@
 """Drafter doctor: validate an EAGLE-3 drafter against its target for one engine version, and convert it.
 
 Reads config.json and safetensors headers (through the safetensors library), plus only the small d2t/t2d
-tensors; never the weights. Every engine-specific rule comes from the engine adapter's ``DRAFTER`` table
-(engines/vllm.py, engines/sglang.py), keyed by version.
+tensors; never the weights. Every engine-specific rule comes from the engine adapter: its ``DRAFTER`` table
+(engines/vllm.py, engines/sglang.py), keyed by version, and its aux-layer hooks (``drafter_taps``).
 
 Aux-layer numbering: vLLM and speculators number a tap L as the input of layer L and read the top-level
 ``eagle_aux_hidden_state_layer_ids``; SGLang, SpecForge and TorchSpec number it as the output of layer L
@@ -20,8 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .engines import sglang as sglang_facts
-from .engines import vllm as vllm_facts
+from .engines import EngineAdapter, UnsupportedVersion, get, get_adapter, names
 from .errors import Finding, Report, SpecdeployError
 from .modelcfg import TargetModel, load_json
 from .safetensors_io import (
@@ -36,12 +35,9 @@ from .safetensors_io import (
 )
 
 META_FILE = "specdeploy-conversion.json"
-ENGINES = {"vllm": vllm_facts, "sglang": sglang_facts}
 CONVERT = "run `specdeploy drafter convert --engine {engine}`"
 LAYER_RE = re.compile(r"^(?:layers\.(\d+)|midlayer)\.")
 EOT_RE = re.compile(r"im_end|eot|end_of_turn|<\|end\|>|<\|return\|>|<\|call\|>|eom_id|end_of_message", re.IGNORECASE)
-SGLANG_LLAMA = "LlamaForCausalLMEagle3"
-SGLANG_MLA = "Eagle3DeepseekV2ForCausalLM"
 
 
 def is_convertible(f: Finding) -> bool:
@@ -49,13 +45,20 @@ def is_convertible(f: Finding) -> bool:
     return f.fix.startswith("run `specdeploy drafter convert")
 
 
+def _unknown_engine(engine: str) -> Finding:
+    return Finding("error", "--engine", f"unknown engine '{engine}'", f"use {' or '.join(names())}")
+
+
 def resolve_version(engine: str, version: str | None) -> str:
-    facts = ENGINES[engine]
+    try:
+        versions = get(engine).versions
+    except UnsupportedVersion:
+        raise SpecdeployError([_unknown_engine(engine)]) from None
     if version is None:
-        return facts.VERSIONS[-1]
-    if version not in facts.VERSIONS:
+        return versions[-1]
+    if version not in versions:
         raise SpecdeployError([Finding("error", "--engine-version", f"{engine} {version} is not a version "
-                                       "specdeploy knows", f"use one of {', '.join(facts.VERSIONS)}")])
+                                       "specdeploy knows", f"use one of {', '.join(versions)}")])
     return version
 
 
@@ -148,10 +151,11 @@ class Drafter:
         return ec.get("eagle_aux_hidden_state_layer_ids") if isinstance(ec, dict) else None
 
     def norm_before_residual(self, engine: str) -> bool:
-        """The value the engine runs with."""
+        """The value the engine runs with (a speculators config without the key: the speculators loader's
+        default, as the engine's table records it; True where it records none)."""
         if "norm_before_residual" in self.config:
             return bool(self.config["norm_before_residual"])
-        return self.fmt == "speculators" and vllm_facts.DRAFTER["speculators_norm_before_residual_default"]
+        return self.fmt == "speculators" and get(engine).DRAFTER.get("speculators_norm_before_residual_default", True)
 
 
 def default_aux(layers: int) -> list[int]:
@@ -189,22 +193,27 @@ def end_of_turn_ids(t: TargetModel) -> tuple[set[int], dict[int, str]]:
 # ---------------------------------------------------------------------------------------------------------
 def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None = None) -> Report:
     rep = Report()
-    if engine not in ENGINES:
-        rep.add("error", "--engine", f"unknown engine '{engine}'", "use vllm or sglang")
+    if engine not in names():
+        rep.findings.append(_unknown_engine(engine))
         return rep
     version = resolve_version(engine, version)
+    a = get_adapter(engine, version)
+    if not a.DRAFTER:
+        rep.add("warning", "engine", f"{a.label} {version}: specdeploy records no EAGLE-3 drafter conventions for "
+                "this engine, so the drafter is not checked against it", "check the drafter on the engine itself")
+        return rep
     target = TargetModel.load(target_dir)
     d = Drafter.load(drafter_dir)
     rep.add("info", "engine", f"rules of {engine} {version}")
-    if not _check_format(d, engine, version, rep):
+    if not _check_format(d, a, rep):
         return rep
     _check_sizes(d, target, rep)
     if d.tensors:
-        _check_layers(d, engine, version, rep)
+        _check_layers(d, a, rep)
         _check_shapes(d, rep)
-        _check_lm_head(d, target, engine, rep)
+        _check_lm_head(d, target, a, rep)
         _check_vocab(d, target, rep)
-        _check_names(d, engine, version, rep)
+        _check_names(d, a, rep)
     elif d.bin_files:
         rep.add("warning", "safetensors", f"only PyTorch pickle weights ({', '.join(d.bin_files[:3])}): tensor "
                 "shapes, layer count, lm_head and d2t cannot be inspected without executing the pickle",
@@ -214,13 +223,17 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
                 "shapes, d2t/t2d and weight names were not checked", "the drafter role checks the full "
                 "checkpoint on the host; or point the check at the full drafter")
     _check_aux(d, target, engine, version, rep)
-    _check_norm(d, engine, rep)
+    _check_norm(d, a, rep)
     return rep
 
 
-def _check_format(d: Drafter, engine: str, version: str, rep: Report) -> bool:
-    facts = ENGINES[engine].DRAFTER
-    fix = CONVERT.format(engine=engine)
+def _or_fallback(a: EngineAdapter) -> str:
+    return f", or {a.drafter_fallback}" if a.drafter_fallback else ""
+
+
+def _check_format(d: Drafter, a: EngineAdapter, rep: Report) -> bool:
+    facts, version = a.DRAFTER, a.version
+    fix = CONVERT.format(engine=a.name)
     if d.fmt == "unknown":
         rep.add("error", "architectures", f"{d.config.get('architectures')} is not an EAGLE-3 drafter format",
                 "use LlamaForCausalLMEagle3 / Eagle3LlamaForCausalLM, a speculators eagle3 config, or "
@@ -228,37 +241,36 @@ def _check_format(d: Drafter, engine: str, version: str, rep: Report) -> bool:
         return False
     rep.add("info", "format", {"llama": "flat Llama EAGLE-3", "speculators": "speculators eagle3",
                                "mla": "MLA EAGLE-3 (DeepSeek-style)"}[d.fmt])
-    archs = [a for a in (d.config.get("architectures") or []) if isinstance(a, str)]
+    archs = [x for x in (d.config.get("architectures") or []) if isinstance(x, str)]
     if d.fmt == "speculators":
-        _check_speculators(d, engine, version, rep)
-        if engine == "sglang":
-            rep.add("error", "speculators_model_type", "SGLang does not read the speculators format "
-                    "(transformer_layer_config is ignored)", f"{fix} (writes a flat {SGLANG_LLAMA} config)")
+        _check_speculators(d, a, rep)
+        if not facts["reads_speculators"]:
+            rep.add("error", "speculators_model_type", f"{a.label} does not read the speculators format "
+                    "(transformer_layer_config is ignored)",
+                    f"{fix} (writes a flat {facts['convert_archs']['llama']} config)")
         return True
-    if engine == "vllm":
-        resolved = [a if a.startswith("Eagle3") or a.endswith("Eagle3") else "Eagle3" + a for a in archs]
-        ok = [a for a in resolved if a in facts["archs"] and facts["archs"][a].contains(version)]
-        if not ok:
-            if d.fmt == "mla":
-                rep.add("error", "architectures", f"vLLM {version} has no MLA EAGLE-3 drafter ({archs} -> "
-                        f"{resolved})", "use vLLM 0.18.0 or later")
-            else:
-                rep.add("error", "architectures", f"{archs} resolve to {resolved} for method eagle3, none of "
-                        f"which vLLM {version} registers", f"{fix} (writes LlamaForCausalLMEagle3)")
+    prefixed = facts["eagle3_prefix"]
+    resolved = [x if x.startswith("Eagle3") or x.endswith("Eagle3") else "Eagle3" + x for x in archs] if prefixed \
+        else archs
+    if [x for x in resolved if x in facts["archs"] and facts["archs"][x].contains(version)]:
+        return True
+    want = facts["convert_archs"].get(d.fmt) or facts["convert_archs"]["llama"]
+    mla = a.capabilities.get("mla_eagle3_drafter")
+    if d.fmt == "mla" and (mla is None or not mla.contains(version) or not facts["convert_archs"].get("mla")):
+        fix = f"use {a.label} {mla.since} or later{_or_fallback(a)}" if mla is not None and mla.since else \
+            f"serve this drafter with an engine that has an MLA EAGLE-3 drafter{_or_fallback(a)}"
+        rep.add("error", "architectures", f"{a.label} {version} has no MLA EAGLE-3 drafter"
+                + (f" ({archs} -> {resolved})" if prefixed else ""), fix)
+    elif prefixed:
+        rep.add("error", "architectures", f"{archs} resolve to {resolved} for method eagle3, none of "
+                f"which {a.label} {version} registers", f"{fix} (writes {want})")
     else:
-        ok = [a for a in archs if a in facts["archs"] and facts["archs"][a].contains(version)]
-        if not ok:
-            if d.fmt == "mla" and not facts["archs"][SGLANG_MLA].contains(version):
-                rep.add("error", "architectures", f"SGLang {version} has no MLA EAGLE-3 drafter",
-                        f"use SGLang {facts['archs'][SGLANG_MLA].since} or later, or vLLM")
-            else:
-                want = SGLANG_MLA if d.fmt == "mla" else SGLANG_LLAMA
-                rep.add("error", "architectures", f"SGLang loads EAGLE-3 drafters only as {want}; {archs} "
-                        "does not match any model class", f"{fix} (writes {want})")
+        rep.add("error", "architectures", f"{a.label} loads EAGLE-3 drafters only as {want}; {archs} "
+                "does not match any model class", f"{fix} (writes {want})")
     return True
 
 
-def _check_speculators(d: Drafter, engine: str, version: str, rep: Report):
+def _check_speculators(d: Drafter, a: EngineAdapter, rep: Report):
     cfg = d.config
     if not isinstance(cfg.get("transformer_layer_config"), dict):
         rep.add("error", "transformer_layer_config", "missing or not an object: the decoder layer is "
@@ -272,19 +284,21 @@ def _check_speculators(d: Drafter, engine: str, version: str, rep: Report):
                 "speculative_tokens: vLLM refuses the config (Invalid speculators config structure)",
                 "re-export with speculators, or add proposal_methods: [{proposal_type: greedy, "
                 "speculative_tokens: 3}]")
+    if not a.DRAFTER["reads_speculators"]:
+        return
     verifier = sc.get("verifier") if isinstance(sc, dict) else None
-    if engine == "vllm" and not (isinstance(verifier, dict) and isinstance(verifier.get("name_or_path"), str)):
-        rep.add("error", "speculators_config.verifier", "no verifier.name_or_path: vLLM refuses the config "
-                "(Invalid speculators config structure)", CONVERT.format(engine=engine) +
+    if not (isinstance(verifier, dict) and isinstance(verifier.get("name_or_path"), str)):
+        rep.add("error", "speculators_config.verifier", f"no verifier.name_or_path: {a.label} refuses the config "
+                "(Invalid speculators config structure)", CONVERT.format(engine=a.name) +
                 " (records the target as the verifier)")
-    if engine == "vllm":
-        mt = d.layer.get("model_type", "llama")
-        span = vllm_facts.DRAFTER["speculators_model_types"].get(mt)
-        if span is None or not span.contains(version):
-            rep.add("error", "transformer_layer_config.model_type", f"vLLM {version} builds speculators "
-                    f"EAGLE-3 drafters only for model_type " + ", ".join(
-                        k for k, s in vllm_facts.DRAFTER["speculators_model_types"].items() if s.contains(version))
-                    + f", not {mt!r}", "use a vLLM version that supports it")
+    mt = d.layer.get("model_type", "llama")
+    types = a.DRAFTER["speculators_model_types"]
+    span = types.get(mt)
+    if span is None or not span.contains(a.version):
+        rep.add("error", "transformer_layer_config.model_type", f"{a.label} {a.version} builds speculators "
+                f"EAGLE-3 drafters only for model_type " + ", ".join(
+                    k for k, sp in types.items() if sp.contains(a.version))
+                + f", not {mt!r}", f"use a {a.label} version that supports it")
 
 
 def _check_sizes(d: Drafter, t: TargetModel, rep: Report):
@@ -300,7 +314,7 @@ def _check_sizes(d: Drafter, t: TargetModel, rep: Report):
                 "draft_vocab_size must be at most vocab_size")
 
 
-def _check_layers(d: Drafter, engine: str, version: str, rep: Report):
+def _check_layers(d: Drafter, a: EngineAdapter, rep: Report):
     have = d.tensor_layers()
     n = d.num_layers
     if not have:
@@ -316,17 +330,16 @@ def _check_layers(d: Drafter, engine: str, version: str, rep: Report):
                 "an error" if len(have) < n else "the engines build only those and ignore or reject the rest")
         rep.add("error", "num_hidden_layers", f"the config says {n} decoder layer(s), the checkpoint holds "
                 f"weights for {len(have)}: {what}",
-                CONVERT.format(engine=engine) + f" (sets num_hidden_layers: {len(have)})")
+                CONVERT.format(engine=a.name) + f" (sets num_hidden_layers: {len(have)})")
         n = len(have)
-    if engine == "sglang" and n > 1:
-        facts = sglang_facts.DRAFTER
-        if d.fmt == "mla" and n > facts["mla_max_layers"]:
-            rep.add("error", "num_hidden_layers", f"SGLang's MLA EAGLE-3 drafter supports exactly "
-                    f"{facts['mla_max_layers']} layer; this one has {n}", "serve this drafter with vLLM")
-        elif d.fmt != "mla" and not facts["llama_multi_layer"].contains(version):
-            rep.add("error", "num_hidden_layers", f"SGLang {version}'s Llama EAGLE-3 drafter supports exactly "
-                    f"1 layer; this one has {n}", f"use SGLang {facts['llama_multi_layer'].since} or later, "
-                    "or vLLM")
+    if n > 1:
+        mla_max, multi = a.DRAFTER.get("mla_max_layers"), a.DRAFTER.get("llama_multi_layer")
+        if d.fmt == "mla" and mla_max and n > mla_max:
+            rep.add("error", "num_hidden_layers", f"{a.label}'s MLA EAGLE-3 drafter supports exactly "
+                    f"{mla_max} layer; this one has {n}", f"serve this drafter with {a.drafter_fallback}")
+        elif d.fmt != "mla" and multi is not None and not multi.contains(a.version):
+            rep.add("error", "num_hidden_layers", f"{a.label} {a.version}'s Llama EAGLE-3 drafter supports exactly "
+                    f"1 layer; this one has {n}", f"use {a.label} {multi.since} or later{_or_fallback(a)}")
 
 
 def _shape(d: Drafter, *names):
@@ -374,7 +387,7 @@ def _check_shapes(d: Drafter, rep: Report):
                 "intermediate_size to the trained values, or re-export")
 
 
-def _check_lm_head(d: Drafter, t: TargetModel, engine: str, rep: Report):
+def _check_lm_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report):
     _, shape = _shape(d, "lm_head.weight")
     h = d.hidden
     if shape is not None:
@@ -390,19 +403,21 @@ def _check_lm_head(d: Drafter, t: TargetModel, engine: str, rep: Report):
         rep.add("error", "lm_head.weight", f"missing, and the target's lm_head is [{t.vocab}, {t.hidden}], not "
                 f"[{t.vocab}, {h}]", "include lm_head.weight")
         return
-    if engine == "vllm":
-        rep.add("info", "lm_head.weight", "not in the checkpoint: vLLM shares the target's lm_head (the draft "
+    shares = a.DRAFTER.get("shares_missing_lm_head")
+    if shares is not None and shares.contains(a.version):
+        rep.add("info", "lm_head.weight", f"not in the checkpoint: {a.label} shares the target's lm_head (the draft "
                 "vocabulary is the target's)")
     elif d.fmt == "mla":
-        rep.add("warning", "lm_head.weight", "not in the checkpoint: whether SGLang's MLA drafter takes the "
-                "target's lm_head is not verified", "include lm_head.weight, or serve with vLLM")
+        rep.add("warning", "lm_head.weight", f"not in the checkpoint: whether {a.label}'s MLA drafter takes the "
+                "target's lm_head is not verified", "include lm_head.weight"
+                + (f", or serve with {a.drafter_fallback}" if a.drafter_fallback else ""))
     elif d.declares_draft_vocab and d.fmt != "speculators":
-        rep.add("error", "lm_head.weight", "not in the checkpoint and draft_vocab_size is set: SGLang then "
+        rep.add("error", "lm_head.weight", f"not in the checkpoint and draft_vocab_size is set: {a.label} then "
                 "builds its own lm_head and leaves it uninitialised (it loads the target's only when "
-                "draft_vocab_size is absent)", CONVERT.format(engine=engine) + " (drops draft_vocab_size, which "
+                "draft_vocab_size is absent)", CONVERT.format(engine=a.name) + " (drops draft_vocab_size, which "
                 "equals vocab_size)")
     else:
-        rep.add("info", "lm_head.weight", "not in the checkpoint: SGLang loads the target's lm_head")
+        rep.add("info", "lm_head.weight", f"not in the checkpoint: {a.label} loads the target's lm_head")
 
 
 def _check_vocab(d: Drafter, t: TargetModel, rep: Report):
@@ -461,12 +476,19 @@ def _check_eos(ids: set[int], t: TargetModel, rep: Report):
                 "only at the document EOS are verified by the target")
 
 
-def _check_names(d: Drafter, engine: str, version: str, rep: Report):
-    if engine != "sglang" or d.fmt == "mla" or sglang_facts.DRAFTER["llama_multi_layer"].contains(version):
+def _legacy_layer_names(d: Drafter, a: EngineAdapter) -> bool:
+    """This release's Llama EAGLE-3 loader matches only midlayer.* (one layer, the legacy layout)."""
+    multi = a.DRAFTER.get("llama_multi_layer")
+    return d.fmt in ("llama", "speculators") and multi is not None and not multi.contains(a.version)
+
+
+def _check_names(d: Drafter, a: EngineAdapter, rep: Report):
+    if not _legacy_layer_names(d, a):
         return
+    engine, version = a.name, a.version
     legacy = [n for n in d.tensors if n.startswith("layers.0.")]
     if legacy:
-        rep.add("error", "layers.0.*", f"{len(legacy)} tensors are named layers.0.*; SGLang {version}'s Llama "
+        rep.add("error", "layers.0.*", f"{len(legacy)} tensors are named layers.0.*; {a.label} {version}'s Llama "
                 "EAGLE-3 loader only matches midlayer.* and silently drops the rest (random decoder layer)",
                 CONVERT.format(engine=engine) + " (renames layers.0. -> midlayer.)")
 
@@ -485,24 +507,8 @@ def trained_taps(d: Drafter) -> tuple[list[int] | None, str]:
 def engine_taps(d: Drafter, t: TargetModel, engine: str, version: str) -> tuple[list[int] | None, str]:
     """The taps (vLLM numbering) the engine version captures for this config; None when not pinned down."""
     top, nested = d.top_aux(), d.nested_aux()
-    dflt = default_aux(t.layers)
-    if engine == "vllm":
-        f = vllm_facts.DRAFTER
-        if _ids_ok(top):
-            return list(top), "top-level key"
-        if _ids_ok(nested):
-            if f["aux_nested_read_as_is"].contains(version):
-                return list(nested), "nested key read as vLLM numbers"
-            if f["aux_nested_ignored"].contains(version):
-                return dflt, "default (the nested key is ignored)"
-            return None, f"vLLM {version} either ignores the nested key or reads it without +1"
-        return dflt, "default"
-    f = sglang_facts.DRAFTER
-    if _ids_ok(nested):
-        if f["aux_deepseek_heuristic"].contains(version) and t.is_kimi_or_deepseek and nested[0] != 1:
-            return list(nested), "nested key taken as-is by the DeepSeek/Kimi target (first id is not 1)"
-        return [x + 1 for x in nested], "nested key"
-    return dflt, "default (SGLang reads only the nested key)"
+    return get_adapter(engine, version).drafter_taps(top if _ids_ok(top) else None, nested if _ids_ok(nested) else None,
+                                                     default_aux(t.layers), t.is_kimi_or_deepseek)
 
 
 def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Report):
@@ -535,7 +541,7 @@ def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Repor
     trained, source = trained_taps(d)
     taps, how = engine_taps(d, t, engine, version)
     fix = CONVERT.format(engine=engine) + " (writes both keys explicitly)"
-    key = "eagle_aux_hidden_state_layer_ids" if engine == "vllm" else "eagle_config.eagle_aux_hidden_state_layer_ids"
+    key = get(engine).DRAFTER["aux_key"]
     if trained is None:
         rep.add("info", key, f"no aux ids in the config: {engine} captures {taps} (vLLM numbering), the target "
                 "default every trainer uses when none are given")
@@ -546,16 +552,17 @@ def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Repor
     elif taps != trained:
         rep.add("error", key, f"{engine} {version} captures {taps} ({how}), but the drafter was trained on "
                 f"{trained} (from {source}, vLLM numbering)", fix)
-    elif (engine == "vllm" and not _ids_ok(top)) or (engine == "sglang" and not _ids_ok(nested)):
+    elif not _ids_ok(top if key == "eagle_aux_hidden_state_layer_ids" else nested):
         rep.add("info", key, f"not set; {engine} captures {taps} ({how}), which equals the trained taps")
 
 
-def _check_norm(d: Drafter, engine: str, rep: Report):
-    nbr = d.norm_before_residual(engine)
-    if engine == "sglang" and d.fmt in ("llama", "speculators") and nbr:
+def _check_norm(d: Drafter, a: EngineAdapter, rep: Report):
+    nbr = d.norm_before_residual(a.name)
+    if a.DRAFTER.get("norm_before_residual") is False and d.fmt in ("llama", "speculators") and nbr:
         why = "" if "norm_before_residual" in d.config else " (speculators configs default it to True)"
-        rep.add("error", "norm_before_residual", f"True{why}, but SGLang's Llama EAGLE-3 drafter implements only "
-                "False: the drafter would run with the wrong residual math", "serve this drafter with vLLM")
+        rep.add("error", "norm_before_residual", f"True{why}, but {a.label}'s Llama EAGLE-3 drafter implements only "
+                "False: the drafter would run with the wrong residual math",
+                f"serve this drafter with {a.drafter_fallback}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -570,9 +577,9 @@ def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version
     """Write an engine-ready copy of the drafter in ``out``; refuse, saying why, when no correct conversion
     exists. Fixes: architecture name, speculators verifier / flattening, aux-id keys, num_hidden_layers from
     the tensors, draft_vocab_size for a shared lm_head, and the layers.0./midlayer. layout."""
-    if engine not in ENGINES:
-        raise SpecdeployError([Finding("error", "--engine", f"unknown engine '{engine}'", "use vllm or sglang")])
     version = resolve_version(engine, version)
+    a = get_adapter(engine, version)
+    facts = a.DRAFTER
     pre = check(drafter_dir, target_dir, engine, version)
     blocking = [f for f in pre.errors if not is_convertible(f)]
     if blocking:
@@ -584,46 +591,43 @@ def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version
     nbr = d.norm_before_residual(engine)
     cfg = json.loads(json.dumps(d.config))
     actions = []
-    if d.fmt == "speculators" and engine == "sglang":
+    if d.fmt == "speculators" and not facts["reads_speculators"]:
         flat = dict(d.layer)
-        flat.update({"architectures": [SGLANG_LLAMA], "draft_vocab_size": d.draft_vocab,
+        flat.update({"architectures": [facts["convert_archs"]["llama"]], "draft_vocab_size": d.draft_vocab,
                      "target_hidden_size": d.target_hidden})
         cfg = flat
-        actions.append(f"flattened the speculators config into {SGLANG_LLAMA} for SGLang")
+        actions.append(f"flattened the speculators config into {facts['convert_archs']['llama']} for {a.label}")
     elif d.fmt == "speculators":
         sc = cfg.setdefault("speculators_config", {})
         if not isinstance(sc.get("verifier"), dict) or not isinstance(sc["verifier"].get("name_or_path"), str):
             sc["verifier"] = {"name_or_path": str(target_dir.resolve()), "architectures": t.architectures}
             actions.append(f"recorded the target {target_dir} as speculators_config.verifier")
     elif any(f.subject == "architectures" for f in pre.errors):
-        want = (SGLANG_MLA if d.fmt == "mla" else SGLANG_LLAMA) if engine == "sglang" else SGLANG_LLAMA
+        want = facts["convert_archs"].get(d.fmt) or facts["convert_archs"]["llama"]
         actions.append(f"architectures {cfg.get('architectures')} -> [{want}]")
         cfg["architectures"] = [want]
-    layer_cfg = cfg["transformer_layer_config"] if d.fmt == "speculators" and engine == "vllm" else cfg
+    as_speculators = d.fmt == "speculators" and facts["reads_speculators"]
+    layer_cfg = cfg["transformer_layer_config"] if as_speculators else cfg
     have = d.tensor_layers()
     if d.tensors and have and len(have) != d.num_layers:
         layer_cfg["num_hidden_layers"] = len(have)
         actions.append(f"num_hidden_layers {d.num_layers} -> {len(have)} (the layers the checkpoint holds)")
     if any(f.subject == "lm_head.weight" and is_convertible(f) for f in pre.errors):
         cfg.pop("draft_vocab_size", None)
-        actions.append("dropped draft_vocab_size (= vocab_size) so SGLang loads the target's lm_head")
-    nested = [x - 1 for x in taps]
-    if (engine == "sglang" and sglang_facts.DRAFTER["aux_deepseek_heuristic"].contains(version)
-            and t.is_kimi_or_deepseek and nested[0] != 1):
-        nested = list(taps)  # this target takes ids whose first is not 1 as they are
-    if d.fmt == "speculators" and engine == "vllm":
+        actions.append(f"dropped draft_vocab_size (= vocab_size) so {a.label} loads the target's lm_head")
+    nested = a.drafter_nested_ids(taps, t.is_kimi_or_deepseek)
+    if as_speculators:
         cfg["eagle_aux_hidden_state_layer_ids"] = taps
     else:
         cfg["eagle_aux_hidden_state_layer_ids"] = taps
         ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
         cfg["eagle_config"] = dict(ec, eagle_aux_hidden_state_layer_ids=nested, use_aux_hidden_state=True)
     actions.append(f"aux layers from {source if trained else 'the target default'}: vLLM ids {taps} (top level)"
-                   + ("" if d.fmt == "speculators" and engine == "vllm" else f", SGLang ids {nested} (eagle_config)"))
+                   + ("" if as_speculators else f", SGLang ids {nested} (eagle_config)"))
     if "norm_before_residual" not in d.config or d.fmt == "speculators":
         cfg["norm_before_residual"] = nbr
         actions.append(f"norm_before_residual written explicitly as {nbr}")
-    rename = (engine == "sglang" and d.fmt in ("llama", "speculators")
-              and not sglang_facts.DRAFTER["llama_multi_layer"].contains(version))
+    rename = _legacy_layer_names(d, a)
 
     def renamed(s: str) -> str:
         return ("midlayer." + s[len("layers.0."):] if s.startswith("layers.0.") else
@@ -649,7 +653,7 @@ def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version
         else:
             _link_or_copy(f, tmp / f.name)
     if renamed_total:
-        actions.append(f"renamed {renamed_total} tensors layers.0.* -> midlayer.* for SGLang {version}")
+        actions.append(f"renamed {renamed_total} tensors layers.0.* -> midlayer.* for {a.label} {version}")
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     meta = {"engine": engine, "engine_version": version, "source": str(drafter_dir.resolve()),
             "target": str(target_dir.resolve()), "format": d.fmt, "actions": actions,

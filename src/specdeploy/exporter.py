@@ -1,4 +1,5 @@
-"""Speculative-decoding exporter: one engine-independent set of metrics for vLLM (counters) and SGLang (gauges).
+"""Speculative-decoding exporter: one engine-independent set of metrics for engines that count drafts (vLLM's
+counters) and engines that publish acceptance gauges (SGLang). Which metric is which comes from the adapter.
 
 It scrapes the engine's /metrics whenever it is scraped itself (reusing a result at most 1 s old), keeps its own
 samples of the engine counters for ``--window`` seconds and derives acceptance rate, acceptance length and
@@ -18,15 +19,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
-from .engines.sglang import SGLang
-from .engines.vllm import VLLM
+from .engines import get
 from .metrics import help_of
-
-VLLM_M = VLLM.metrics.spec_counters
-SGLANG_M = SGLang.metrics.spec_gauges
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Sample:
     draft_tokens: float = 0.0
     accepted: float = 0.0
     per_pos: dict[str, float] = field(default_factory=dict)
-    al: float | None = None  # SGLang gauges
+    al: float | None = None  # acceptance gauges
     rate: float | None = None
     has_counters: bool = False
 
@@ -46,44 +47,45 @@ class ParseError(ValueError):
 
 
 def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
+    counters, gauges = get(engine).metrics.spec_counters, get(engine).metrics.spec_gauges
     s = Sample(t)
     found = False
-    sglang_al: list[float] = []
-    sglang_rate: list[float] = []
+    gauge_al: list[float] = []
+    gauge_rate: list[float] = []
     try:
         families = list(text_string_to_metric_families(text))
     except Exception as exc:  # the parser raises bare ValueErrors and more on garbage
         raise ParseError(f"unparsable /metrics: {exc}") from None
     for fam in families:
         for smp in fam.samples:
-            if engine == "vllm":
-                if smp.name == VLLM_M["drafts"]:
+            if counters:
+                if smp.name == counters.get("drafts"):
                     s.drafts += smp.value
-                elif smp.name == VLLM_M["draft_tokens"]:
+                elif smp.name == counters.get("draft_tokens"):
                     s.draft_tokens += smp.value
-                elif smp.name == VLLM_M["accepted_tokens"]:
+                elif smp.name == counters.get("accepted_tokens"):
                     s.accepted += smp.value
-                elif smp.name == VLLM_M["accepted_tokens_per_pos"]:
+                elif smp.name == counters.get("accepted_tokens_per_pos"):
                     pos = smp.labels.get("position", "?")
                     s.per_pos[pos] = s.per_pos.get(pos, 0.0) + smp.value
                 else:
                     continue
                 found = s.has_counters = True
             else:
-                if smp.name == SGLANG_M["acceptance_length"]:
-                    sglang_al.append(smp.value)
+                if smp.name == gauges.get("acceptance_length"):
+                    gauge_al.append(smp.value)
                     found = True
-                elif smp.name == SGLANG_M["acceptance_rate"]:
-                    sglang_rate.append(smp.value)
+                elif smp.name == gauges.get("acceptance_rate"):
+                    gauge_rate.append(smp.value)
                     found = True
     if not found and not any(f.name.startswith(engine + ":") for f in families):
         raise ParseError(f"no {engine}: metrics in the engine's /metrics")
-    # SGLang: one gauge per rank; ranks without a figure (0: no traffic yet, or speculation off) say nothing
-    real = [al for al in sglang_al if al >= 1.0]
+    # gauges: one per rank; ranks without a figure (0: no traffic yet, or speculation off) say nothing
+    real = [al for al in gauge_al if al >= 1.0]
     if real:
         s.al = sum(real) / len(real)
-        rates = [r for al, r in zip(sglang_al, sglang_rate) if al >= 1.0] if len(sglang_rate) == len(sglang_al) \
-            else sglang_rate
+        rates = [r for al, r in zip(gauge_al, gauge_rate) if al >= 1.0] if len(gauge_rate) == len(gauge_al) \
+            else gauge_rate
         if rates:
             s.rate = sum(rates) / len(rates)
     return s
@@ -93,8 +95,8 @@ class SpecCollector:
     def __init__(self, engine: str, url: str, window: float = 60.0, info: dict | None = None,
                  gate_file: Path | None = None, timeout: float = 2.0, cache_s: float = 1.0,
                  release_file: Path | None = None):
-        if engine not in ("vllm", "sglang"):
-            raise ValueError(f"unknown engine '{engine}'; use vllm or sglang")
+        # counters (else acceptance gauges); an unknown engine is a ValueError (UnsupportedVersion)
+        self.counting = bool(get(engine).metrics.spec_counters)
         self.engine, self.url, self.window = engine, url.rstrip("/") + "/metrics", window
         self.info = {"engine": engine, "version": "", "patch_set": "", "drafter": "", "spec_tokens": "0"}
         self.info.update(info or {})
@@ -145,7 +147,7 @@ class SpecCollector:
         al = GaugeMetricFamily("specdeploy_spec_acceptance_length", help_of("specdeploy_spec_acceptance_length"))
         pos = GaugeMetricFamily("specdeploy_spec_position_acceptance_rate",
                                 help_of("specdeploy_spec_position_acceptance_rate"), labels=["position"])
-        if self.engine == "vllm" and last.has_counters:
+        if self.counting and last.has_counters:
             first = samples[0] if len(samples) > 1 else Sample(last.t, per_pos={k: 0.0 for k in last.per_pos})
             d = last.drafts - first.drafts
             dt = last.draft_tokens - first.draft_tokens
@@ -163,8 +165,8 @@ class SpecCollector:
                             ("specdeploy_spec_draft_tokens", last.draft_tokens),
                             ("specdeploy_spec_accepted_tokens", last.accepted)):
                 yield CounterMetricFamily(name, help_of(name), value=v)
-        elif self.engine == "sglang":
-            # SGLang's gauges already cover its own recent batches: report its latest real figure, and only
+        elif not self.counting:
+            # acceptance gauges already cover the engine's own recent batches: report its latest real figure, and only
             # while one was seen inside the window (samples without a figure were dropped at parse time)
             real = [s for s in samples if s.al is not None]
             if real:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from .engines import get
+
 PROMPTS = Path(__file__).with_name("data") / "prompts.jsonl"
 MAX_FAILED = 0.01  # failed / sent requests above which the gate refuses to decide
 
@@ -137,28 +139,32 @@ class SpecSample:
 
 
 def read_metrics(url: str, engine: str, headers: dict | None = None) -> SpecSample:
+    """The engine's own speculative counters or gauges and its inter-token latency sums (names from the adapter)."""
+    em = get(engine).metrics
+    itl = em.serving["itl"]
+    counters = {em.spec_counters.get(k): k for k in ("drafts", "draft_tokens", "accepted_tokens")}
+    counters.pop(None, None)
+    per_pos = em.spec_counters.get("accepted_tokens_per_pos")
     req = urllib.request.Request(url.rstrip("/") + "/metrics", headers=headers or {})
     text = urllib.request.urlopen(req, timeout=10).read().decode()
     s = SpecSample()
+    field_of = {"drafts": "drafts", "draft_tokens": "draft_tokens", "accepted_tokens": "accepted"}
     for fam in text_string_to_metric_families(text):
         for m in fam.samples:
             n, v = m.name, m.value
-            if n == f"{engine}:inter_token_latency_seconds_sum":
+            if n == f"{itl}_sum":
                 s.itl_sum += v
-            elif n == f"{engine}:inter_token_latency_seconds_count":
+            elif n == f"{itl}_count":
                 s.itl_count += v
-            elif n == "vllm:spec_decode_num_drafts_total":
-                s.drafts += v
-            elif n == "vllm:spec_decode_num_draft_tokens_total":
-                s.draft_tokens += v
-            elif n == "vllm:spec_decode_num_accepted_tokens_total":
-                s.accepted += v
-            elif n == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+            elif n in counters:
+                f = field_of[counters[n]]
+                setattr(s, f, getattr(s, f) + v)
+            elif per_pos and n == per_pos:
                 p = m.labels.get("position", "0")
                 s.per_pos[p] = s.per_pos.get(p, 0.0) + v
-            elif n == "sglang:spec_accept_length":
+            elif n == em.spec_gauges.get("acceptance_length"):
                 s.al = v
-            elif n == "sglang:spec_accept_rate":
+            elif n == em.spec_gauges.get("acceptance_rate"):
                 s.rate = v
     return s
 
@@ -182,7 +188,7 @@ def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requ
     sg_samples: list[tuple[float, float]] = []
     stop = threading.Event()
 
-    def poll():  # SGLang reports windowed gauges: sample them while the level runs
+    def poll():  # gauges cover a window of recent batches: sample them while the level runs
         while not stop.wait(0.5):
             try:
                 s = read_metrics(url, engine)
@@ -191,8 +197,9 @@ def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requ
             except Exception:  # noqa: BLE001
                 pass
 
+    counting = bool(get(engine).metrics.spec_counters)  # else acceptance gauges of recent batches
     poller = threading.Thread(target=poll, daemon=True)
-    if engine == "sglang":
+    if not counting:
         poller.start()
     tokens, errors, idx = [], [], {"i": 0}
     lock = threading.Lock()
@@ -222,7 +229,7 @@ def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requ
           "output_tokens": sum(tokens), "output_tps": sum(tokens) / wall if wall else 0.0}
     d_itl = after.itl_count - before.itl_count
     lv["itl_ms"] = 1000 * (after.itl_sum - before.itl_sum) / d_itl if d_itl > 0 else None
-    if engine == "vllm":
+    if counting:
         d = after.drafts - before.drafts
         dt = after.draft_tokens - before.draft_tokens
         a = after.accepted - before.accepted

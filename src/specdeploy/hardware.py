@@ -26,8 +26,6 @@ class HardwareProfile:
     nvswitch: bool
     fabric_manager: bool
     nccl_env: dict[str, EnvVar] = field(default_factory=dict)
-    # engine -> setting -> value; read by the engine adapters, never by templates.
-    engine_defaults: dict[str, dict[str, object]] = field(default_factory=dict)
     # Host provisioning (gpu_host role): the NVIDIA driver branch apt is pinned to (580: the production branch
     # that supports B200, H200 and RTX PRO 6000 Blackwell, CUDA 13.0); the open kernel modules (the only ones
     # Blackwell runs on); NVLSM, which NVLink 5 NVSwitch systems (B200 and later) need beside the fabric manager.
@@ -61,10 +59,6 @@ RTX_PRO_6000_PCIE = HardwareProfile(
             "redirect off and IOMMU in passthrough (the gpu_host role checks both).",
         ),
     },
-    engine_defaults={
-        "vllm": {"attention_backend": "TRITON_MLA", "disable_custom_all_reduce": True},
-        "sglang": {"attention_backend": "flashinfer", "disable_custom_all_reduce": True},
-    },
 )
 
 B200_NVL8 = HardwareProfile(
@@ -77,7 +71,6 @@ B200_NVL8 = HardwareProfile(
     nvswitch=True,
     fabric_manager=True,
     nccl_env={},
-    engine_defaults={"vllm": {}, "sglang": {}},
     nvlsm=True,
 )
 
@@ -91,7 +84,6 @@ H200_NVL8 = HardwareProfile(
     nvswitch=True,
     fabric_manager=True,
     nccl_env={},
-    engine_defaults={"vllm": {}, "sglang": {}},
 )
 
 PROFILES: dict[str, HardwareProfile] = {p.name: p for p in (RTX_PRO_6000_PCIE, B200_NVL8, H200_NVL8)}
@@ -100,11 +92,6 @@ PROFILE_NAMES = tuple(PROFILES) + ("custom",)
 
 def custom_profile(spec: dict) -> HardwareProfile:
     """Build the ``custom`` profile from ``specdeploy_hardware_custom`` (already schema-validated)."""
-    pcie = spec["interconnect"] == "pcie"
-    defaults = RTX_PRO_6000_PCIE.engine_defaults if pcie else {"vllm": {}, "sglang": {}}
-    if pcie and not spec["compute_capability"].startswith("12."):
-        defaults = {"vllm": {"disable_custom_all_reduce": True},
-                    "sglang": {"disable_custom_all_reduce": True}}
     env = {k: EnvVar(str(v), "set by specdeploy_hardware_custom.nccl_env") for k, v in spec.get("nccl_env", {}).items()}
     return HardwareProfile(
         name="custom",
@@ -116,7 +103,6 @@ def custom_profile(spec: dict) -> HardwareProfile:
         nvswitch=spec.get("nvswitch", False),
         fabric_manager=spec.get("nvswitch", False),
         nccl_env=env,
-        engine_defaults=defaults,
         nvlsm=spec.get("nvswitch", False) and int(spec["compute_capability"].split(".")[0]) >= 10,
     )
 

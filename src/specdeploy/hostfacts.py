@@ -48,19 +48,13 @@ BRANCH_CUDA: dict[int, Version] = {
 SM_MIN_CUDA: dict[int, Version] = {80: (11, 0), 89: (11, 8), 90: (11, 8), 100: (12, 8), 103: (12, 9),
                                    120: (12, 8)}
 
-# The CUDA version of each engine version's official image, read from the release's docker/Dockerfile
-# (``ARG CUDA_VERSION=``): vLLM sdists, SGLang's docker/Dockerfile at that release. Versions between two recorded
-# points are resolved only when both points agree on major.minor; otherwise the answer is a range.
-IMAGE_CUDA: dict[str, dict[str, str]] = {
-    "vllm": {"0.16.0": "12.9.1", "0.18.0": "12.9.1", "0.19.0": "12.9.1", "0.20.0": "13.0.2", "0.21.0": "13.0.2",
-             "0.24.0": "13.0.2", "0.28.0": "13.0.3", "0.33.0": "13.0.3"},
-    "sglang": {"0.5.5": "12.9.1"},
-}
-
-
 def image_cuda(engine: str, engine_version: str) -> tuple[Version | None, Version | None]:
     """(lowest, highest) major.minor CUDA the engine version's official image may need; (None, None) if unknown."""
-    points = sorted((version(k), _mm(version(v))) for k, v in IMAGE_CUDA.get(engine, {}).items())
+    # recorded per engine in its adapter (``image_cuda``), read from the release's Dockerfile (ARG CUDA_VERSION=).
+    # Versions between two recorded points are resolved only when both points agree on major.minor; otherwise
+    # the answer is a range.
+    from .engines import get
+    points = sorted((version(k), _mm(version(v))) for k, v in get(engine).image_cuda.items())
     want = version(engine_version)
     if want is None or not points:
         return None, None

@@ -6,14 +6,13 @@ the engine's real Python sources (``docker/sandbox-engine.Dockerfile``), whose e
 """
 from __future__ import annotations
 
+from .engines import get, get_adapter
 from .patches import patch_set_id, required_patches
-
-UPSTREAM_IMAGES = {"vllm": "vllm/vllm-openai", "sglang": "lmsysorg/sglang"}
-VERSION_ARGS = {"vllm": "VLLM_VERSION", "sglang": "SGLANG_VERSION"}
 
 
 def upstream_image(engine: str, version: str) -> str:
-    return f"{UPSTREAM_IMAGES[engine]}:v{version}"
+    get_adapter(engine, version)  # an unknown engine or version is an error here, not a wrong tag
+    return f"{get(engine).upstream_image}:v{version}"
 
 
 def image_tag(engine: str, version: str, patches: str = "auto") -> str:
@@ -22,7 +21,7 @@ def image_tag(engine: str, version: str, patches: str = "auto") -> str:
 
 def standin_image(engine: str, version: str) -> str:
     """The sandbox's local stand-in for the official engine image."""
-    return f"specdeploy-sandbox/{UPSTREAM_IMAGES[engine].split('/')[1]}:v{version}"
+    return f"specdeploy-sandbox/{get(engine).upstream_image.split('/')[1]}:v{version}"
 
 
 def build_plan(engine: str, version: str, patches: str = "auto", sandbox: bool = False,
@@ -31,14 +30,14 @@ def build_plan(engine: str, version: str, patches: str = "auto", sandbox: bool =
     stamp, recorded as a label so a changed specdeploy rebuilds the image)."""
     ps = patch_set_id(engine, version, patches)
     base = standin_image(engine, version) if sandbox else upstream_image(engine, version)
-    args = {VERSION_ARGS[engine]: version, "PATCH_SET": ps, "BASE_IMAGE": base, "SPECDEPLOY_SOURCE": source}
+    adapter = get(engine)
+    args = {adapter.version_arg: version, "PATCH_SET": ps, "BASE_IMAGE": base, "SPECDEPLOY_SOURCE": source}
     if sandbox:
         args["OFFLINE"] = "1"  # no package index reachable: the wheelhouse alone
-        if engine == "vllm":
-            args["IMPORT_CHECK"] = "0"  # the stand-in has vLLM's Python sources but no torch
+        args.update(adapter.standin_build_args)
     out = {"tag": tag or image_tag(engine, version, patches), "base": base, "patch_set": ps,
            "patches": list(required_patches(engine, version)) if patches == "auto" else [],
-           "version_arg": VERSION_ARGS[engine], "dockerfile": f"docker/{engine}.Dockerfile",
+           "version_arg": adapter.version_arg, "dockerfile": f"docker/{engine}.Dockerfile",
            "build_args": args, "sandbox": None}
     if sandbox:
         out["sandbox"] = {"dockerfile": "docker/sandbox-engine.Dockerfile", "tag": base,
@@ -64,14 +63,14 @@ def standin_context(engine: str, version: str, out) -> str:
     shutil.rmtree(out, ignore_errors=True)
     (out / "engine-src").mkdir(parents=True)
     shutil.copy(Path(__file__).resolve().parents[2] / "docker/sandbox-engine.Dockerfile", out / "Dockerfile")
-    if engine == "vllm":
-        shutil.copytree(upstream.vllm_source(version) / "vllm", out / "engine-src/vllm")
+    files = get(engine).standin_files  # None: the whole package (the patches apply to it)
+    src = upstream.source(engine, version) / engine
+    if files is None:
+        shutil.copytree(src, out / "engine-src" / engine)
     else:
-        # No SGLang patches exist; the package's own __init__ and version are enough to locate and name it.
-        src = upstream.sglang_source(version) / "sglang"
-        (out / "engine-src/sglang").mkdir()
-        for name in ("__init__.py", "version.py"):
+        (out / "engine-src" / engine).mkdir()
+        for name in files:
             if (src / name).is_file():
-                shutil.copy(src / name, out / "engine-src/sglang" / name)
+                shutil.copy(src / name, out / "engine-src" / engine / name)
     stamp_file.write_text(stamp + "\n")
     return stamp

@@ -28,36 +28,47 @@ def help_of(name: str) -> str:
     return EXPORTED[name][1]
 
 
-def _both(fmt: str) -> str:
-    """One expression for both engines (their serving metrics differ only in the prefix)."""
-    return f"{fmt.format(e='vllm')} or {fmt.format(e='sglang')}"
+def _each(expr) -> str:
+    """One expression over every registered engine: ``expr(serving)`` per engine, where ``serving`` maps our
+    names (ttft, itl, generation_tokens, running, waiting, kv_cache, ...) to that engine's metric, joined by
+    ``or`` (each host runs one engine)."""
+    from .engines import adapters
+    return " or ".join(expr(a.metrics.serving) for a in adapters())
 
 
 # serving figures, per host; R is the rate window ("$__rate_interval" in Grafana, "1m" elsewhere)
 def q_tokens_per_s(r: str) -> str:
-    return _both("sum by (host) (rate({e}:generation_tokens_total[%s]))" % r)
+    return _each(lambda m: f"sum by (host) (rate({m['generation_tokens']}[{r}]))")
 
 
 def _quantile(quantile: float, histogram: str, r: str) -> str:
-    return _both(f"histogram_quantile({quantile}, sum by (host, le) (rate({{e}}:{histogram}_bucket[{r}])))")
+    return _each(lambda m: f"histogram_quantile({quantile}, sum by (host, le) (rate({m[histogram]}_bucket[{r}])))")
 
 
 def q_ttft(quantile: float, r: str) -> str:
-    return _quantile(quantile, "time_to_first_token_seconds", r)
+    return _quantile(quantile, "ttft", r)
 
 
 def q_itl(quantile: float, r: str) -> str:
-    return _quantile(quantile, "inter_token_latency_seconds", r)
+    return _quantile(quantile, "itl", r)
 
 
 def q_itl_mean(r: str) -> str:
-    return _both(f"sum by (host) (rate({{e}}:inter_token_latency_seconds_sum[{r}])) / "
-                 f"sum by (host) (rate({{e}}:inter_token_latency_seconds_count[{r}]))")
+    return _each(lambda m: f"sum by (host) (rate({m['itl']}_sum[{r}])) / sum by (host) (rate({m['itl']}_count[{r}]))")
 
 
-Q_RUNNING = "sum by (host) (vllm:num_requests_running) or sum by (host) (sglang:num_running_reqs)"
-Q_WAITING = "sum by (host) (vllm:num_requests_waiting) or sum by (host) (sglang:num_queue_reqs)"
-Q_KV = "max by (host) (vllm:kv_cache_usage_perc) or max by (host) (sglang:token_usage)"
+def q_running() -> str:
+    return _each(lambda m: f"sum by (host) ({m['running']})")
+
+
+def q_waiting() -> str:
+    return _each(lambda m: f"sum by (host) ({m['waiting']})")
+
+
+def q_kv() -> str:
+    return _each(lambda m: f"max by (host) ({m['kv_cache']})")
+
+
 # speculation is on where the deployed unit says so (the exporter's info carries the draft-token count)
 Q_SPEC_ON = 'max by (host) (specdeploy_engine_info{spec_tokens!="0",spec_tokens!=""})'
 # engine outages Prometheus saw in a day (up dropping to 0): engine-independent, and neither engine's multiprocess

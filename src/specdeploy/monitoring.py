@@ -1,13 +1,14 @@
 """Prometheus rules and the Grafana dashboard, both from the metric definitions in ``metrics.py``.
 
 The dashboard is built with Grafana's Foundation SDK (``grafana-foundation-sdk``); every panel's PromQL comes from
-``PANELS``, which the tests evaluate against a real Prometheus and ``specdeploy report`` renders without Grafana.
+``panels()``, which the tests evaluate against a real Prometheus and ``specdeploy report`` renders without Grafana.
 """
 from __future__ import annotations
 
 import json
 
 from . import metrics as M
+from .engines import names as engine_names
 from .render import jinja_env
 
 RULE_DEFAULTS = {"eval_interval": "15s", "ready_timeout": "1h", "min_acceptance_length": 2.0,
@@ -17,36 +18,39 @@ RULE_DEFAULTS = {"eval_interval": "15s", "ready_timeout": "1h", "min_acceptance_
 def render_rules(**overrides) -> str:
     ctx = dict(RULE_DEFAULTS, **overrides)
     ctx.update(q_tokens_1m=M.q_tokens_per_s("1m"), q_ttft_p95_5m=M.q_ttft(0.95, "5m"),
-               q_itl_p95_5m=M.q_itl(0.95, "5m"), q_kv=M.Q_KV, q_spec_on=M.Q_SPEC_ON)
+               q_itl_p95_5m=M.q_itl(0.95, "5m"), q_kv=M.q_kv(), q_spec_on=M.Q_SPEC_ON)
     return jinja_env().get_template("monitoring/specdeploy.rules.yml.j2").render(**ctx)
 
 
 R = "$__rate_interval"
-# (section, title, unit, [(legend, expr), ...])
-PANELS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
-    ("Speculative decoding", "Draft acceptance rate", "percentunit",
-     [("{{host}}", "specdeploy_spec_acceptance_rate")]),
-    ("Speculative decoding", "Acceptance length (bonus token included)", "none",
-     [("{{host}}", "specdeploy_spec_acceptance_length"),
-      ("alert threshold", f"vector({RULE_DEFAULTS['min_acceptance_length']})")]),
-    ("Speculative decoding", "Acceptance per draft position", "percentunit",
-     [("{{host}} pos {{position}}", "specdeploy_spec_position_acceptance_rate")]),
-    ("Speculative decoding", "Draft and accepted tokens/s", "short",
-     [("{{host}} drafted", f"sum by (host) (rate(specdeploy_spec_draft_tokens_total[{R}]))"),
-      ("{{host}} accepted", f"sum by (host) (rate(specdeploy_spec_accepted_tokens_total[{R}]))")]),
-    ("Speculative decoding", "Speedup vs no speculation (gate)", "none",
-     [("{{host}} c={{concurrency}}", "specdeploy_gate_speedup"), ("break-even", "vector(1)")]),
-    ("Serving", "Time to first token p50 / p99", "s",
-     [("{{host}} p99", M.q_ttft(0.99, R)), ("{{host}} p50", M.q_ttft(0.5, R))]),
-    ("Serving", "Inter-token latency p95", "s", [("{{host}}", M.q_itl(0.95, R))]),
-    ("Serving", "Output tokens/s", "short", [("{{host}}", M.q_tokens_per_s(R))]),
-    ("Serving", "Running / waiting requests", "short",
-     [("{{host}} running", M.Q_RUNNING), ("{{host}} waiting", M.Q_WAITING)]),
-    ("Serving", "KV cache usage", "percentunit", [("{{host}}", M.Q_KV)]),
-    ("GPU (DCGM)", "GPU utilization", "percent", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_GPU_UTIL")]),
-    ("GPU (DCGM)", "GPU memory used", "decmbytes", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_FB_USED")]),
-    ("GPU (DCGM)", "GPU power", "watt", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_POWER_USAGE")]),
-]
+
+
+def panels() -> list[tuple[str, str, str, list[tuple[str, str]]]]:
+    """(section, title, unit, [(legend, expr), ...]); serving queries cover every registered engine."""
+    return [
+        ("Speculative decoding", "Draft acceptance rate", "percentunit",
+         [("{{host}}", "specdeploy_spec_acceptance_rate")]),
+        ("Speculative decoding", "Acceptance length (bonus token included)", "none",
+         [("{{host}}", "specdeploy_spec_acceptance_length"),
+          ("alert threshold", f"vector({RULE_DEFAULTS['min_acceptance_length']})")]),
+        ("Speculative decoding", "Acceptance per draft position", "percentunit",
+         [("{{host}} pos {{position}}", "specdeploy_spec_position_acceptance_rate")]),
+        ("Speculative decoding", "Draft and accepted tokens/s", "short",
+         [("{{host}} drafted", f"sum by (host) (rate(specdeploy_spec_draft_tokens_total[{R}]))"),
+          ("{{host}} accepted", f"sum by (host) (rate(specdeploy_spec_accepted_tokens_total[{R}]))")]),
+        ("Speculative decoding", "Speedup vs no speculation (gate)", "none",
+         [("{{host}} c={{concurrency}}", "specdeploy_gate_speedup"), ("break-even", "vector(1)")]),
+        ("Serving", "Time to first token p50 / p99", "s",
+         [("{{host}} p99", M.q_ttft(0.99, R)), ("{{host}} p50", M.q_ttft(0.5, R))]),
+        ("Serving", "Inter-token latency p95", "s", [("{{host}}", M.q_itl(0.95, R))]),
+        ("Serving", "Output tokens/s", "short", [("{{host}}", M.q_tokens_per_s(R))]),
+        ("Serving", "Running / waiting requests", "short",
+         [("{{host}} running", M.q_running()), ("{{host}} waiting", M.q_waiting())]),
+        ("Serving", "KV cache usage", "percentunit", [("{{host}}", M.q_kv())]),
+        ("GPU (DCGM)", "GPU utilization", "percent", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_GPU_UTIL")]),
+        ("GPU (DCGM)", "GPU memory used", "decmbytes", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_FB_USED")]),
+        ("GPU (DCGM)", "GPU power", "watt", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_POWER_USAGE")]),
+    ]
 
 
 def dashboard() -> dict:
@@ -58,11 +62,11 @@ def dashboard() -> dict:
     from grafana_foundation_sdk.models.dashboard import DataSourceRef
 
     ds = DataSourceRef(type_val="prometheus", uid="${datasource}")
-    b = (gd.Dashboard("specdeploy: speculative decoding").uid("specdeploy-spec").tags(["specdeploy", "vllm", "sglang"])
+    b = (gd.Dashboard("specdeploy: speculative decoding").uid("specdeploy-spec").tags(["specdeploy", *engine_names()])
          .editable().refresh("30s").time("now-1h", "now").version(1)
          .with_variable(gd.DatasourceVariable("datasource").label("Prometheus").type("prometheus")))
     section, pid = None, 0
-    for sec, title, unit, targets in PANELS:
+    for sec, title, unit, targets in panels():
         if sec != section:
             pid += 1
             b = b.with_row(gd.Row(sec).id(pid))
@@ -82,7 +86,8 @@ def dashboard_json() -> str:
 
 def panel_queries(rate_interval: str = "1m") -> list[tuple[str, str]]:
     """(panel title, PromQL) with Grafana's $__rate_interval replaced, for evaluation against Prometheus."""
-    return [(title, expr.replace(R, rate_interval)) for _, title, _, targets in PANELS for _, expr in targets]
+    return [(title, expr.replace(R, rate_interval)) for _, title, _, targets in panels()
+            for _, expr in targets]
 
 
 def grafana_datasource(prometheus_url: str) -> str:

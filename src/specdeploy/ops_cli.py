@@ -9,6 +9,7 @@ from typing import List, Optional
 
 import typer
 
+from .engines import DEFAULT as DEFAULT_ENGINE
 from .errors import Finding, SpecdeployError
 
 
@@ -126,7 +127,7 @@ def register(app: typer.Typer):
                   f"break-even AL {b.step_ratio:g}, with {b.margin:.0%} margin {b.breakeven_al:.2f}: {b.verdict}")
 
     @app.command("gate")
-    def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option("vllm", "--engine"),
+    def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(DEFAULT_ENGINE, "--engine"),
                  prompts: Optional[Path] = typer.Option(None, "--prompts"),
                  concurrency: str = typer.Option("1,8,32", "--concurrency"),
                  requests: Optional[int] = typer.Option(None, "--requests", help="per level; default 4 x c, >= 16"),
@@ -139,8 +140,9 @@ def register(app: typer.Typer):
         """Measure whether speculation pays under a bounded load of real chat prompts; write report + chart."""
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         from .gate import chart, gate
-        if engine not in ("vllm", "sglang"):
-            print(f"ERROR --engine: unknown engine '{engine}' Fix: use vllm or sglang", file=sys.stderr)
+        from .engines import names
+        if engine not in names():
+            print(f"ERROR --engine: unknown engine '{engine}' Fix: use {' or '.join(names())}", file=sys.stderr)
             raise typer.Exit(2)
         try:
             levels = [int(c) for c in concurrency.split(",")]

@@ -11,23 +11,30 @@ patch_app = typer.Typer(no_args_is_help=True, help="Engine patch sets (vLLM 0.16
 
 
 def _run(action: str, engine: str, root: Path, as_json: bool):
-    from .patches import vllm as pv
-    if engine not in ("vllm", "sglang"):
-        print(f"ERROR --engine: unknown engine '{engine}' Fix: use vllm or sglang", file=sys.stderr)
+    from .engines import UnsupportedVersion, get, names
+    try:
+        adapter = get(engine)
+    except UnsupportedVersion:
+        print(f"ERROR --engine: unknown engine '{engine}' Fix: use {' or '.join(names())}", file=sys.stderr)
         raise typer.Exit(2)
-    if engine == "sglang":
+    pv = adapter.patch_module()
+    if pv is None:
         results = []
     else:
         try:
             results = pv.status(root) if action == "status" else pv.apply(root)
         except pv.PatchError as exc:
-            if exc.anchor == "vllm/__init__.py":
-                print(f"ERROR --root {root}: no vllm package there. Fix: give the directory that contains "
-                      "vllm/ (an image's site-packages or an unpacked sdist)", file=sys.stderr)
+            if exc.anchor == f"{engine}/__init__.py":
+                print(f"ERROR --root {root}: no {engine} package there. Fix: give the directory that contains "
+                      f"{engine}/ (an image's site-packages or an unpacked release)", file=sys.stderr)
                 raise typer.Exit(2)
+            patched = [v for v in adapter.versions if adapter(v).patch_ids()]
+            fixed = [v for v in adapter.versions if not adapter(v).patch_ids()]
+            pin = (f"; pin a tested version ({patched[0]}-{patched[-1]})" if patched else "") + \
+                (f" or >= {fixed[0]}, which needs no patches" if fixed else "")
             print(f"ERROR {exc.file}: anchor '{exc.anchor}' {exc.why}. Nothing was changed. Fix: this "
-                  "vLLM tree differs from the release the patch set was written for; pin a tested version "
-                  "(0.16.0-0.17.1) or >= 0.18.0, which needs no patches", file=sys.stderr)
+                  f"{adapter.label} tree differs from the release the patch set was written for{pin}",
+                  file=sys.stderr)
             raise typer.Exit(1)
     if as_json:
         print(json.dumps({"engine": engine, "root": str(root),

@@ -9,7 +9,6 @@ from . import drafter as drafter_mod
 from .engines import get_adapter
 from .errors import Finding, Report, SpecdeployError
 from .modelcfg import TargetModel
-from .patches import required_patches
 from .schema import HostVars, validate_host
 
 GIB = 1 << 30
@@ -69,44 +68,8 @@ def parse_seconds(value: str) -> float | None:
 
 
 def engine_findings(hv: HostVars, target: TargetModel | None, drafter_fmt: str | None, rep: Report, host: str):
-    adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)
-    prof = hv.profile()
-    spec = hv.specdeploy_spec_enabled
-    eagle3 = spec and hv.specdeploy_spec_method == "eagle3"
-    kimi = target is not None and target.is_kimi_or_deepseek
-    if hv.specdeploy_engine == "vllm" and eagle3 and kimi and not adapter.has("kimi_eagle3_upstream"):
-        if hv.specdeploy_engine_patches == "none":
-            rep.add("error", "eagle3 target whitelist", f"vLLM {adapter.version} rejects model_type "
-                    f"'{target.text_model_type}' as an EAGLE-3 target (ValueError after the load)",
-                    "set specdeploy_engine_patches: auto, or pin vLLM >= 0.18.0", host)
-            if "KimiK25ForConditionalGeneration" in target.architectures:
-                rep.add("error", "image_token_index", f"vLLM {adapter.version}'s EAGLE proposer reads "
-                        "config.image_token_index, which KimiK25Config lacks (AttributeError after the load)",
-                        "set specdeploy_engine_patches: auto, or pin vLLM >= 0.18.0", host)
-            rep.add("error", "SupportsEagle3", f"vLLM {adapter.version}'s DeepseekV2/V3 (and KimiK25) models do not "
-                    "implement SupportsEagle3 ('Model does not support EAGLE3 interface' after the load)",
-                    "set specdeploy_engine_patches: auto, or pin vLLM >= 0.18.0", host)
-        else:
-            rep.add("info", "patch set", f"the image applies {', '.join(required_patches('vllm', adapter.version))}",
-                    host=host)
-    if hv.specdeploy_engine == "sglang":
-        if spec and hv.specdeploy_spec_method == "eagle" and drafter_fmt in ("llama", "speculators", "mla"):
-            rep.add("error", "specdeploy_spec_method", "EAGLE with an EAGLE-3 drafter runs silently at acceptance "
-                    "length 1.0 on SGLang", "set specdeploy_spec_method: eagle3 (--speculative-algorithm EAGLE3)",
-                    host)
-        if eagle3 and target is not None and "KimiK25ForConditionalGeneration" in target.architectures \
-                and not adapter.has("kimi_eagle3"):
-            rep.add("error", "specdeploy_engine_version", f"SGLang {adapter.version} has no EAGLE-3 support for "
-                    f"Kimi-K2.5 (first in {adapter.capabilities['kimi_eagle3'].since})",
-                    f"pin SGLang >= {adapter.capabilities['kimi_eagle3'].since}", host)
-        if prof.interconnect == "pcie" and prof.sm >= 120:
-            if not adapter.resolved(hv, "disable_custom_all_reduce"):
-                rep.add("error", "specdeploy_custom_all_reduce", "SGLang's custom all-reduce on PCIe SM120 hangs "
-                        "or breaks CUDA-graph capture", "leave specdeploy_custom_all_reduce unset or false", host)
-            if not adapter.resolved(hv, "attention_backend"):
-                rep.add("error", "specdeploy_attention_backend", "no explicit attention backend on SM120: SGLang "
-                        "may pick an SM90/SM100-only MLA kernel", "set specdeploy_attention_backend: flashinfer "
-                        "(or triton)", host)
+    """What the pinned engine release does with this model and drafter (the adapter's preflight checks)."""
+    get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version).preflight(hv, target, drafter_fmt, rep, host)
 
 
 def model_findings(hv: HostVars, target: TargetModel, rep: Report, host: str):

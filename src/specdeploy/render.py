@@ -193,8 +193,9 @@ def container_params(spec: dict, entry: str, args: list[str], env: dict[str, str
     return p
 
 
-def exec_argv(hv: HostVars, argv: list[str], image: str | None) -> list[str]:
-    """Wrap the engine command for the runtime: docker run, or the host venv (the simulator's on a sandbox host)."""
+def exec_argv(hv: HostVars, argv: list[str], image: str | None, secret_env: bool = False) -> list[str]:
+    """Wrap the engine command for the runtime: docker run, or the host venv (the simulator's on a sandbox host).
+    ``secret_env``: the engine takes its API key from the environment (a second, 0600 env file)."""
     engine = hv.specdeploy_engine
     if hv.specdeploy_runtime == "venv":
         if hv.specdeploy_sandbox:
@@ -206,7 +207,7 @@ def exec_argv(hv: HostVars, argv: list[str], image: str | None) -> list[str]:
         return [f"{hv.specdeploy_venv_path}/bin/{argv[0]}"] + argv[1:]
     name = f"specdeploy-{engine}"
     env_files = [f"{CONFIG_DIR}/{name}.env"]
-    if hv.specdeploy_api_key_file and engine == "vllm":
+    if hv.specdeploy_api_key_file and secret_env:
         env_files.append(f"{CONFIG_DIR}/secrets/{name}.env")
     inner, volumes = list(argv), []
     if any(CRED_TOKEN in a for a in inner):
@@ -246,14 +247,13 @@ def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan
     image = engine_image(hv)
     unit = unit_name(hv.specdeploy_engine)
     name = unit.removesuffix(".service")
-    execv = exec_argv(hv, cmd.argv, image)
+    execv = exec_argv(hv, cmd.argv, image, bool(cmd.secret_env))
     ctx = dict(
         host=host, hv=hv, engine=hv.specdeploy_engine, version=hv.specdeploy_engine_version,
         unit=unit, name=name, exec_argv=execv, env_file=f"{CONFIG_DIR}/{name}.env",
         secret_env_file=(f"{CONFIG_DIR}/secrets/{name}.env"
                          if hv.specdeploy_api_key_file and cmd.secret_env else None),
-        credential=(f"sglang-api-key.yaml:{CONFIG_DIR}/secrets/sglang-api-key.yaml"
-                    if any(CRED_TOKEN in a for a in cmd.argv) else None),
+        credential=(f"{cmd.credential}:{CONFIG_DIR}/secrets/{cmd.credential}" if cmd.credential else None),
         docker=hv.specdeploy_runtime == "docker",
         user=SERVICE_USER, state_dir=STATE_DIR,
         start_timeout=hv.specdeploy_start_timeout,

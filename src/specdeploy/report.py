@@ -86,7 +86,7 @@ def render(base: str, out: Path, range_s: float = 3600, nccl: dict | None = None
     }
     if nccl:
         itl = query_range(base, M.q_itl_mean(r), start, end, step)
-        running = query_range(base, M.Q_RUNNING, start, end, step)
+        running = query_range(base, M.q_running(), start, end, step)
         data["allreduce"] = allreduce_share(itl, data["acceptance"], running, nccl, layers, k)
     else:
         data["allreduce"] = {}

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .engines import DEFAULT as DEFAULT_ENGINE
+from .engines import get as get_engine
 from .errors import Finding, SpecdeployError
 
 CACHE = Path(os.environ.get("SPECDEPLOY_SANDBOX_CACHE", "/var/cache/specdeploy"))
@@ -331,7 +333,8 @@ def down(progress=None):
     (STATE / "hosts.json").unlink(missing_ok=True)
 
 
-def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = "vllm", runtime: str = "docker") -> Path:
+def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = DEFAULT_ENGINE,
+                    runtime: str = "docker") -> Path:
     """inventory/sandbox: the hosts above as engine hosts (the first also runs the router and Prometheus).
     ``docker`` (the production runtime) runs the engine image built on each host; ``venv`` the host venv."""
     key, _ = keypair()
@@ -354,7 +357,7 @@ def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = "vllm", 
         "specdeploy_sandbox": True,
         "specdeploy_runtime": runtime,
         "specdeploy_engine": engine,
-        "specdeploy_engine_version": "0.16.0" if engine == "vllm" else "0.5.23",
+        "specdeploy_engine_version": get_engine(engine).sandbox_version,
         "specdeploy_hardware": "rtx_pro_6000_pcie",
         "specdeploy_model_path": "/models/kimi-k2.5-int4",
         "specdeploy_model_source": "controller",

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from .engines import DEFAULT as DEFAULT_ENGINE
 from .errors import SpecdeployError
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="Real Debian sandbox hosts (systemd-nspawn) for demos and CI.")
@@ -20,14 +21,19 @@ def _fail(exc: SpecdeployError):
 @sandbox_app.command("up")
 def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
            inventory: Path = typer.Option(Path("inventory/sandbox"), "--inventory", help="inventory to write"),
-           engine: str = typer.Option("vllm", "--engine"),
+           engine: str = typer.Option(DEFAULT_ENGINE, "--engine"),
            runtime: str = typer.Option("docker", "--runtime", help="docker (the production runtime) or venv")):
     """Boot N hosts (debootstrap cached), write an inventory pointing at them."""
     from rich.console import Console
+
     from . import sandbox
     con = Console(stderr=True)
     if runtime not in ("docker", "venv"):
         print(f"ERROR --runtime: '{runtime}' Fix: use docker or venv", file=sys.stderr)
+        raise typer.Exit(2)
+    from .engines import names
+    if engine not in names():
+        print(f"ERROR --engine: unknown engine '{engine}' Fix: use {' or '.join(names())}", file=sys.stderr)
         raise typer.Exit(2)
     try:
         with con.status("sandbox") as st:

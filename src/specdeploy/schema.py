@@ -33,7 +33,7 @@ class HostVars(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    specdeploy_engine: Literal["vllm", "sglang"] = Field(description="Serving engine: `vllm` or `sglang`.")
+    specdeploy_engine: str = Field(description="Serving engine: `vllm` or `sglang`.")
     specdeploy_engine_version: str = Field(
         description="Pinned engine version, e.g. `0.16.0`, `0.33.0` (vLLM) or `0.5.23` (SGLang).")
     specdeploy_engine_patches: Literal["auto", "none"] = Field(
@@ -139,6 +139,17 @@ class HostVars(BaseModel):
         "infinity", description="systemd TimeoutStartSec of the engine unit (readiness is checked separately).")
     specdeploy_ready_timeout_s: int = Field(
         3600, ge=1, description="How long the readiness gate waits for health and a real generation.")
+
+    @field_validator("specdeploy_engine")
+    @classmethod
+    def _engine_known(cls, v: str) -> str:
+        from pydantic_core import PydanticCustomError
+
+        from .engines import names
+        if v not in names():  # worded as pydantic words a Literal's error
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": " or ".join(repr(n) for n in names())})
+        return v
 
     @field_validator("specdeploy_engine_version")
     @classmethod
@@ -258,7 +269,7 @@ def semantic_problems(host: str, hv: HostVars) -> list[Finding]:
                            f"speculation is enabled with method {hv.specdeploy_spec_method} but no drafter is set",
                            "set specdeploy_drafter_path, or specdeploy_spec_enabled: false", host))
     out.extend(source_problems(host, hv))
-    from .engines import get_adapter, UnsupportedVersion
+    from .engines import UnsupportedVersion, get_adapter
     try:
         adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)
     except UnsupportedVersion as exc:

@@ -79,10 +79,20 @@ def _type_text(tp) -> str:
     return s + (" or null" if opt else "")
 
 
+def _choices(name: str) -> list | None:
+    """Choices that come from a registry rather than from the field's type."""
+    if name == "specdeploy_engine":
+        from .engines import names
+        return list(names())
+    return None
+
+
 def field_spec(name: str) -> dict[str, Any]:
     f = FIELDS[name]
     spec: dict[str, Any] = {"description": f.description or name}
     spec.update(_ansible_type(f.annotation))
+    if _choices(name):
+        spec["choices"] = _choices(name)
     if f.is_required():
         spec["required"] = True
     else:
@@ -144,6 +154,7 @@ def variables_markdown() -> str:
              "| variable | type | default | meaning |", "|---|---|---|---|"]
     for name, f in FIELDS.items():
         default = "required" if f.is_required() else f"`{f.get_default(call_default_factory=True)!r}`"
-        lines.append(f"| `{name}` | {_type_text(f.annotation)} | {default} | {f.description} |")
+        kind = " \\| ".join(f"`{c}`" for c in _choices(name)) if _choices(name) else _type_text(f.annotation)
+        lines.append(f"| `{name}` | {kind} | {default} | {f.description} |")
     return "\n".join(lines) + "\n"
 

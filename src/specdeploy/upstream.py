@@ -1,4 +1,5 @@
-"""Fetch the real upstream engine sources (vLLM sdist, SGLang wheel) for contract tests and patching.
+"""Fetch the real upstream engine sources (an sdist or a wheel, as the engine's adapter says: vLLM sdists,
+SGLang wheels) for contract tests, patching and the sandbox's stand-in images.
 
 Files are cached under ``~/.cache/specdeploy/upstream`` (``SPECDEPLOY_CACHE`` overrides the root) and
 verified against the sha256 the package index publishes. ``pip download`` cannot fetch the vLLM sdist
@@ -59,14 +60,41 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def wheel_rank(filename: str) -> tuple[int, int] | None:
+    """How well a wheel fits the machines specdeploy reads sources for (Linux x86_64, Python 3): lower is better;
+    None for a wheel built for another platform or Python (its sources may differ, e.g. aarch64 kernels)."""
+    if not filename.endswith(".whl"):
+        return (0, 0)  # an sdist is the same on every platform
+    parts = filename[:-4].split("-")
+    if len(parts) < 5:
+        return None
+    py, plat = parts[-3], parts[-1]
+    plats = plat.split(".")
+    if "any" in plats:
+        p_rank = 0
+    elif any(x.startswith(("manylinux", "linux")) and x.endswith("x86_64") for x in plats):
+        p_rank = 1
+    else:
+        return None
+    pys = py.split(".")
+    if "py3" in pys:
+        return (p_rank, 0)
+    if any(x.startswith("cp3") for x in pys):
+        return (p_rank, 1)
+    return None
+
+
 def fetch(project: str, filename_predicate, label: str) -> Path:
-    """Download the first index file matching ``filename_predicate`` into the cache; verify sha256."""
+    """Download the index file matching ``filename_predicate`` that fits Linux x86_64 / Python 3 best (a
+    pure-Python wheel before an x86_64 one; never another platform's) into the cache; verify sha256."""
     dest_dir = cache_root() / "dist"
     dest_dir.mkdir(parents=True, exist_ok=True)
     files = [f for f in _project_files(project) if filename_predicate(f["filename"])]
-    if not files:
-        raise UpstreamError(f"{label}: no matching file on {index_url()}/{project}/")
-    entry = files[0]
+    fitting = sorted((r, f["filename"], i) for i, f in enumerate(files) if (r := wheel_rank(f["filename"])) is not None)
+    if not fitting:
+        found = f" (only {', '.join(f['filename'] for f in files)})" if files else ""
+        raise UpstreamError(f"{label}: no matching file for Linux x86_64 / Python 3 on {index_url()}/{project}/{found}")
+    entry = files[fitting[0][2]]
     want = entry.get("hashes", {}).get("sha256")
     if not want:
         raise UpstreamError(f"{label}: index gives no sha256 for {entry['filename']}")
@@ -84,18 +112,25 @@ def fetch(project: str, filename_predicate, label: str) -> Path:
     return dest
 
 
-def vllm_source(version: str) -> Path:
-    """Unpacked vLLM source release; the returned directory contains ``vllm/``."""
-    out = cache_root() / "src" / f"vllm-{version}"
-    if (out / "vllm" / "__init__.py").exists():
+def source(engine: str, version: str) -> Path:
+    """The engine release's unpacked Python sources; the returned directory contains the ``<engine>/`` package."""
+    from .engines import get
+    kind = get(engine).source_release
+    return sdist_source(engine, version) if kind == "sdist" else wheel_source(engine, version)
+
+
+def sdist_source(project: str, version: str) -> Path:
+    """Unpacked source release of a project whose package is named like the project (the .py files)."""
+    out = cache_root() / "src" / f"{project}-{version}"
+    if (out / project / "__init__.py").exists():
         return out
-    sdist = fetch("vllm", lambda n: n == f"vllm-{version}.tar.gz", f"vllm {version} sdist")
+    sdist = fetch(project, lambda n: n == f"{project}-{version}.tar.gz", f"{project} {version} sdist")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers()
-                   if m.name.split("/", 2)[1:2] == ["vllm"] and (m.isfile() or m.isdir())
+                   if m.name.split("/", 2)[1:2] == [project] and (m.isfile() or m.isdir())
                    and m.name.endswith((".py", "/")) or m.isdir()]
         tar.extractall(tmp, members=members, filter="data")
     top = next(tmp.iterdir())
@@ -105,17 +140,17 @@ def vllm_source(version: str) -> Path:
     return out
 
 
-def sglang_source(version: str) -> Path:
-    """Unpacked SGLang wheel; the returned directory contains ``sglang/``."""
-    out = cache_root() / "src" / f"sglang-{version}"
-    if (out / "sglang" / "__init__.py").exists():
+def wheel_source(project: str, version: str) -> Path:
+    """Unpacked wheel (its .py files) of a project whose package is named like the project."""
+    out = cache_root() / "src" / f"{project}-{version}"
+    if (out / project / "__init__.py").exists():
         return out
-    wheel = fetch("sglang", lambda n: n.startswith(f"sglang-{version}-") and n.endswith(".whl"),
-                  f"sglang {version} wheel")
+    wheel = fetch(project, lambda n: n.startswith(f"{project}-{version}-") and n.endswith(".whl"),
+                  f"{project} {version} wheel")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(tmp, members=[n for n in zf.namelist() if n.startswith("sglang/") and n.endswith(".py")])
+        zf.extractall(tmp, members=[n for n in zf.namelist() if n.startswith(f"{project}/") and n.endswith(".py")])
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out

@@ -32,7 +32,7 @@ def _dict_literal(src: str, name: str) -> dict:
 
 @pytest.mark.parametrize("version", VLLM_TESTED)
 def test_vllm_allreduce_paths(version):
-    root = upstream.vllm_source(version) / "vllm"
+    root = upstream.source("vllm", version) / "vllm"
     dc = root / "distributed" / "device_communicators"
     ca = (dc / "custom_all_reduce.py").read_text()
     assert "max_size=8192 * 1024" in ca and vl.CUSTOM_AR_MAX == 8192 * 1024
@@ -63,7 +63,7 @@ def test_vllm_allreduce_paths(version):
 
 @pytest.mark.parametrize("version", SGLANG_TESTED)
 def test_sglang_allreduce_paths(version):
-    root = upstream.sglang_source(version) / "sglang" / "srt"
+    root = upstream.source("sglang", version) / "sglang" / "srt"
     ca = (root / "distributed" / "device_communicators" / "custom_all_reduce.py").read_text()
     assert "_MAX_CAR_SIZE = 8192 * 1024" in ca and sg.CUSTOM_AR_MAX == 8192 * 1024
     assert f"_SUPPORTED_WORLD_SIZES = {list(sg.CUSTOM_AR_WORLD_SIZES)}" in ca

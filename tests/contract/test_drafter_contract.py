@@ -20,7 +20,7 @@ def _text(path) -> str:
 
 @pytest.mark.parametrize("version", VLLM_READ)
 def test_vllm_drafter_facts(version):
-    vllm = upstream.vllm_source(version) / "vllm"
+    vllm = upstream.source("vllm", version) / "vllm"
     f = vl.DRAFTER
     registry = _text(vllm / "model_executor/models/registry.py")
     for arch, span in f["archs"].items():
@@ -46,7 +46,7 @@ def test_vllm_drafter_facts(version):
 
 @pytest.mark.parametrize("version", SGLANG_READ)
 def test_sglang_drafter_facts(version):
-    srt = upstream.sglang_source(version) / "sglang" / "srt"
+    srt = upstream.source("sglang", version) / "sglang" / "srt"
     f = sg.DRAFTER
     llama = _text(srt / "models/llama_eagle3.py")
     assert "EntryClass = [LlamaForCausalLMEagle3]" in llama

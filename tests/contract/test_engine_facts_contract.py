@@ -18,7 +18,7 @@ RECORDED = [(e, v) for e, vs in json.loads(engine_facts.FACTS_FILE.read_text()).
 
 @pytest.mark.parametrize("engine,version", RECORDED)
 def test_recorded_facts_match_the_release(engine, version):
-    root = upstream.vllm_source(version) if engine == "vllm" else upstream.sglang_source(version)
+    root = upstream.source(engine, version)
     fresh = engine_facts.extract(engine, root)
     rec = engine_facts.recorded(engine, version)
     assert {k: sorted(v) for k, v in rec.items()} == fresh, f"refresh: python -m specdeploy.engine_facts record {engine} {version}"

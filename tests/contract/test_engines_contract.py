@@ -31,7 +31,7 @@ def _host(engine, version, **kw):
 
 @pytest.mark.parametrize("version", VLLM_TESTED)
 def test_vllm_flags_exist(version):
-    root = upstream.vllm_source(version)
+    root = upstream.source("vllm", version)
     flags = vllm_flags(root)
     adapter = get_adapter("vllm", version)
     claimed = [f for f in vl.FLAGS if adapter.flag_exists(f)]
@@ -45,7 +45,7 @@ def test_vllm_flags_exist(version):
 
 @pytest.mark.parametrize("version", VLLM_TESTED)
 def test_vllm_speculative_config_keys(version):
-    keys = vllm_spec_keys(upstream.vllm_source(version))
+    keys = vllm_spec_keys(upstream.source("vllm", version))
     for key, span in vl.SPEC_KEYS.items():
         if span.contains(version):
             assert key in keys, f"vLLM {version}: SpeculativeConfig has no '{key}'"
@@ -57,7 +57,7 @@ def test_vllm_speculative_config_keys(version):
 
 @pytest.mark.parametrize("version", VLLM_TESTED)
 def test_vllm_metric_names(version):
-    defined = vllm_metric_names(upstream.vllm_source(version))
+    defined = vllm_metric_names(upstream.source("vllm", version))
     m = get_adapter("vllm", version).metrics
     missing = [n for n in m.all_names() if not exposed(n, defined)]
     assert not missing, f"vLLM {version} does not define {missing}"
@@ -65,7 +65,7 @@ def test_vllm_metric_names(version):
 
 @pytest.mark.parametrize("version", VLLM_TESTED)
 def test_vllm_kimi_capability_matches_source(version):
-    root = upstream.vllm_source(version)
+    root = upstream.source("vllm", version)
     spec_py = (root / "vllm/config/speculative.py").read_text()
     ds = (root / "vllm/model_executor/models/deepseek_v2.py").read_text()
     has_whitelist = "aux_hidden_states_supported" in spec_py or "eagle3_target_supported" in spec_py
@@ -77,7 +77,7 @@ def test_vllm_kimi_capability_matches_source(version):
 
 @pytest.mark.parametrize("version", SGLANG_TESTED)
 def test_sglang_flags_metrics_and_kimi_support(version):
-    root = upstream.sglang_source(version)
+    root = upstream.source("sglang", version)
     flags = sglang_flags(root)
     adapter = get_adapter("sglang", version)
     missing = [f for f in sg.FLAGS if adapter.flag_exists(f) and f not in flags]

@@ -30,9 +30,9 @@ def _check(engine: str, version: str, real: frozenset[str]):
 
 @pytest.mark.parametrize("version", VLLM_TESTED)
 def test_vllm_load_formats(version):
-    _check("vllm", version, vllm_load_formats(upstream.vllm_source(version)))
+    _check("vllm", version, vllm_load_formats(upstream.source("vllm", version)))
 
 
 @pytest.mark.parametrize("version", SGLANG_LOAD_TESTED)
 def test_sglang_load_formats(version):
-    _check("sglang", version, sglang_load_formats(upstream.sglang_source(version)))
+    _check("sglang", version, sglang_load_formats(upstream.source("sglang", version)))

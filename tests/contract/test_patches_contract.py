@@ -20,7 +20,7 @@ SD = [sys.executable, "-m", "specdeploy.cli", "patch"]
 
 @pytest.fixture(params=["0.16.0", "0.17.1"])
 def tree(request, tmp_path):
-    src = upstream.vllm_source(request.param)
+    src = upstream.source("vllm", request.param)
     dst = tmp_path / f"vllm-{request.param}"
     shutil.copytree(src / "vllm", dst / "vllm")
     return dst
@@ -81,7 +81,7 @@ def test_second_apply_is_byte_identical(tree):
 
 @pytest.mark.parametrize("version", ["0.18.0", "0.33.0"])
 def test_fixed_releases_report_upstream(version):
-    root = upstream.vllm_source(version)
+    root = upstream.source("vllm", version)
     assert {r.status for r in pv.status(root)} == {"upstream"}
 
 

@@ -1,8 +1,23 @@
 """SGLang adapter (0.5.x up to 0.5.23)."""
 from __future__ import annotations
 
+import os
+import random
+import time
+from pathlib import Path
+
 from ..errors import Finding
-from . import AllReducePath, Command, CommContext, EngineAdapter, Health, Metrics, Span
+from .base import (
+    AllReducePath,
+    Command,
+    CommContext,
+    EngineAdapter,
+    Health,
+    Metrics,
+    SimBehaviour,
+    SimReject,
+    Span,
+)
 
 VERSIONS = (
     "0.5.1", "0.5.1.post1", "0.5.1.post2", "0.5.1.post3", "0.5.2", "0.5.3", "0.5.3.post1", "0.5.3.post2",
@@ -19,6 +34,8 @@ CAPABILITIES = {
     "kimi_eagle3": Span("0.5.10"),
     # --config YAML file: lets the API key stay off the command line.
     "config_file": Span("0.5.10"),
+    # Eagle3DeepseekV2ForCausalLM (MLA drafter head), as in DRAFTER["archs"].
+    "mla_eagle3_drafter": Span("0.5.12"),
 }
 
 FLAGS = {f: Span() for f in (
@@ -58,6 +75,11 @@ LOAD_FORMATS = {
 # model_runner aux-layer lookup), read from the 0.5.6, 0.5.10-0.5.14, 0.5.18, 0.5.20 and 0.5.23 wheels.
 # The doctor (drafter.py) consults this table.
 DRAFTER = {
+    # The speculators format is not read (transformer_layer_config is ignored): convert flattens it.
+    "reads_speculators": False,
+    "aux_key": "eagle_config.eagle_aux_hidden_state_layer_ids",
+    "convert_archs": {"llama": "LlamaForCausalLMEagle3", "mla": "Eagle3DeepseekV2ForCausalLM"},
+    "eagle3_prefix": False,
     # EntryClass names a drafter config may use (no aliasing: the name must match).
     "archs": {"LlamaForCausalLMEagle3": Span(), "Eagle3DeepseekV2ForCausalLM": Span("0.5.12")},
     "mla_archs": {"Eagle3DeepseekV2ForCausalLM"},
@@ -80,8 +102,26 @@ DRAFTER = {
 ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "mtp": "NEXTN", "ngram": "NGRAM"}
 
 
+# CUDA of the official image per release (``ARG CUDA_VERSION=`` in docker/Dockerfile at that release).
+IMAGE_CUDA = {"0.5.5": "12.9.1"}
+
+# The file systemd hands the engine with LoadCredential= (the API key as --config YAML).
+API_KEY_CREDENTIAL = "sglang-api-key.yaml"
+
+
 class SGLang(EngineAdapter):
     name = "sglang"
+    label = "SGLang"
+    upstream_image = "lmsysorg/sglang"
+    version_arg = "SGLANG_VERSION"
+    # No SGLang patches exist; the package's own __init__ and version are enough to locate and name it.
+    standin_files = ("__init__.py", "version.py")
+    sandbox_version = "0.5.23"
+    image_cuda = IMAGE_CUDA
+    source_release = "wheel"
+    default_port = 30000
+    DRAFTER = DRAFTER
+    drafter_fallback = "vLLM"
     versions = VERSIONS
     capabilities = CAPABILITIES
     flags = FLAGS
@@ -112,6 +152,12 @@ class SGLang(EngineAdapter):
 
     def spec_config_problems(self, hv, host):
         out = []
+        if hv.specdeploy_api_key_file and not self.has("config_file"):
+            since = CAPABILITIES["config_file"].since
+            out.append(Finding("error", "specdeploy_api_key_file",
+                               f"SGLang {self.version} has no --config file, so the API key could reach it only on "
+                               "the command line, readable by every local user",
+                               f"pin SGLang >= {since}, or unset specdeploy_api_key_file", host))
         for key in hv.specdeploy_spec_config_extra:
             flag = "--speculative-" + key.replace("_", "-").removeprefix("speculative-")
             if not self.flag_exists(flag):
@@ -176,8 +222,227 @@ class SGLang(EngineAdapter):
             argv += ["--load-format", hv.specdeploy_load_format]
         if hv.specdeploy_spec_enabled:
             argv += self.spec_flags(hv, drafter_path)
-        if hv.specdeploy_api_key_file:
+        credential = None
+        if hv.specdeploy_api_key_file and self.has("config_file"):
             # The key lives in a 0600 YAML file handed over by systemd's LoadCredential=.
-            argv += ["--config", "${CREDENTIALS_DIRECTORY}/sglang-api-key.yaml"]
+            credential = API_KEY_CREDENTIAL
+            argv += ["--config", "${CREDENTIALS_DIRECTORY}/" + credential]
         argv += list(hv.specdeploy_engine_extra_args)
-        return Command(argv=argv, env={}, secret_env={})
+        return Command(argv=argv, env={}, secret_env={}, credential=credential)
+
+    def profile_defaults(self, profile) -> dict[str, object]:
+        # PCIe: the custom all-reduce is off; SM120 needs an explicit backend (SGLang may otherwise pick an
+        # SM90/SM100-only MLA kernel).
+        if profile.interconnect != "pcie":
+            return {}
+        if profile.compute_capability.startswith("12."):
+            return {"attention_backend": "flashinfer", "disable_custom_all_reduce": True}
+        return {"disable_custom_all_reduce": True}
+
+    def preflight(self, hv, target, drafter_fmt, rep, host) -> None:
+        spec = hv.specdeploy_spec_enabled
+        eagle3 = spec and hv.specdeploy_spec_method == "eagle3"
+        prof = hv.profile()
+        if spec and hv.specdeploy_spec_method == "eagle" and drafter_fmt in ("llama", "speculators", "mla"):
+            rep.add("error", "specdeploy_spec_method", "EAGLE with an EAGLE-3 drafter runs silently at acceptance "
+                    "length 1.0 on SGLang", "set specdeploy_spec_method: eagle3 (--speculative-algorithm EAGLE3)",
+                    host)
+        if eagle3 and target is not None and "KimiK25ForConditionalGeneration" in target.architectures \
+                and not self.has("kimi_eagle3"):
+            rep.add("error", "specdeploy_engine_version", f"SGLang {self.version} has no EAGLE-3 support for "
+                    f"Kimi-K2.5 (first in {self.capabilities['kimi_eagle3'].since})",
+                    f"pin SGLang >= {self.capabilities['kimi_eagle3'].since}", host)
+        if prof.interconnect == "pcie" and prof.sm >= 120:
+            if not self.resolved(hv, "disable_custom_all_reduce"):
+                rep.add("error", "specdeploy_custom_all_reduce", "SGLang's custom all-reduce on PCIe SM120 hangs "
+                        "or breaks CUDA-graph capture", "leave specdeploy_custom_all_reduce unset or false", host)
+            if not self.resolved(hv, "attention_backend"):
+                rep.add("error", "specdeploy_attention_backend", "no explicit attention backend on SM120: SGLang "
+                        "may pick an SM90/SM100-only MLA kernel", "set specdeploy_attention_backend: flashinfer "
+                        "(or triton)", host)
+
+    def drafter_taps(self, top, nested, default, deepseek_target):
+        # SGLang reads only eagle_config's ids, in its own numbering (output of layer L: vLLM id - 1).
+        if nested is not None:
+            if DRAFTER["aux_deepseek_heuristic"].contains(self.version) and deepseek_target and nested[0] != 1:
+                return list(nested), "nested key taken as-is by the DeepSeek/Kimi target (first id is not 1)"
+            return [x + 1 for x in nested], "nested key"
+        return default, "default (SGLang reads only the nested key)"
+
+    def drafter_nested_ids(self, taps, deepseek_target):
+        nested = [x - 1 for x in taps]
+        if DRAFTER["aux_deepseek_heuristic"].contains(self.version) and deepseek_target and nested[0] != 1:
+            nested = list(taps)  # this target takes ids whose first is not 1 as they are
+        return nested
+
+    @classmethod
+    def facts_from_source(cls, root) -> dict:
+        import ast
+
+        from .sourcescan import class_fields, flag_literals, strings
+        srt = Path(root) / cls.name / "srt"
+        flags: set[str] = set()
+        algos: set[str] = set()
+        for f in sorted((srt / "arg_groups").rglob("*.py")) + [srt / "server_args.py"]:
+            if not f.exists():
+                continue
+            flags |= {"--" + n.replace("_", "-") for n in class_fields(f, lambda c: True)} | flag_literals(f)
+            for node in ast.walk(ast.parse(f.read_text())):
+                if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                        and node.args[0].value == "--speculative-algorithm"):
+                    for kw in node.keywords:
+                        if kw.arg == "choices":
+                            algos |= set(strings(kw.value))
+        spec = srt / "speculative"
+        for f in (spec / "spec_info.py", spec / "spec_registry.py"):
+            if not f.exists():
+                continue
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.ClassDef) and node.name == "SpeculativeAlgorithm":
+                    algos |= {t.id for s in node.body if isinstance(s, ast.Assign) for t in s.targets
+                              if isinstance(t, ast.Name) and t.id.isupper() and t.id != "NONE"}
+                if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_RESERVED_ALIASES"
+                                                        for t in node.targets):
+                    algos |= set(strings(node.value))
+        return {"flags": sorted(flags), "spec_methods": sorted(algos)}
+
+    @classmethod
+    def simulation(cls) -> SimBehaviour:
+        return SGLangSim()
+
+
+class SGLangSim(SimBehaviour):
+    """SGLang as the simulator plays it: ``python -m sglang.launch_server``, --speculative-algorithm, the key in a
+    --config YAML, acceptance as gauges of recent batches, health checks that generate, /metrics only with
+    --enable-metrics, and a scheduler crash log."""
+
+    argv_head = ("python", "-m", "sglang.launch_server")
+    usage = "usage: python -m sglang.launch_server --model-path PATH [options]"
+    prog = "launch_server"
+    booleans = frozenset({"--trust-remote-code", "--enable-metrics", "--disable-custom-all-reduce"})
+    int_flags = frozenset({"--port", "--tp-size", "--ep-size", "--context-length", "--speculative-num-steps",
+                           "--speculative-eagle-topk", "--speculative-num-draft-tokens"})
+    tp_option = "tp_size"
+    health_generates = True
+    metrics_option = "enable_metrics"
+    kv_lines = ("[2026-01-01 00:00:00 TP0] KV Cache is allocated. #tokens: 1187264, KV size: 38.72 GB",
+                "[2026-01-01 00:00:00 TP0] Capture cuda graph begin. This can take up to several minutes.")
+
+    def spec(self, version, opts, facts):
+        if "speculative_algorithm" not in opts:
+            return None
+        algo = opts["speculative_algorithm"]
+        methods = facts["spec_methods"] if facts else {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"}
+        if algo.upper() not in methods:
+            raise SimReject(f"ValueError: Unknown speculative algorithm name: {algo}")
+        return {"k": int(opts.get("speculative_num_steps", 3)), "method": algo,
+                "model": opts.get("speculative_draft_model_path")}
+
+    def api_key(self, opts, env):
+        cfg = opts.get("config")
+        if cfg and os.path.isfile(cfg):
+            import yaml
+            with open(cfg) as fh:
+                data = yaml.safe_load(fh) or {}
+            return data.get("api-key") or data.get("api_key")
+        return opts.get("api_key")
+
+    def metrics(self, registry, served, k):
+        return _SGLangSimMetrics(registry, served)
+
+    def graph_line(self, i, graphs, t_graph):
+        return (f"Capturing batches (bs={max(1, 512 >> i)} avail_mem=21.3 GB): {100 * i // graphs:3d}%| | "
+                f"{i}/{graphs} [00:{int(i * t_graph):02d}<00:00]")
+
+    def graphs_done(self, load_s):
+        return f"[2026-01-01 00:00:00 TP0] Capture cuda graph end. Time elapsed: {0.3 * load_s:.2f} s."
+
+    def crash_log(self, version, model, k, tp):
+        """SGLang's format: ``[date time TPn] message``; a scheduler's traceback starts mid-line and its
+        continuation lines carry no prefix. Each rank writes its block in one piece, so ranks interleave by block,
+        not by line."""
+        ts = time.strftime("%Y-%m-%d %H:%M:%S")
+        out = [(f"[{ts}] server_args=ServerArgs(model_path='{model}', tp_size={tp}, trust_remote_code=True, "
+                f"speculative_algorithm='EAGLE3', speculative_num_steps={k}, sglang_version='{version}')\n")]
+        out += [f"[{ts} TP{r}] Load weight end. type=KimiK25ForConditionalGeneration, dtype=torch.bfloat16\n"
+                for r in range(tp)]
+        out += [f"[{ts} TP{r}] Capture cuda graph begin. This can take up to several minutes.\n" for r in range(tp)]
+        ranks = list(range(tp))
+        random.Random(1).shuffle(ranks)
+        out += [f"[{ts} TP{r}] Scheduler hit an exception: Traceback (most recent call last):\n" + CRASH_TB
+                for r in ranks]
+        out.append(f"[{ts}] Received sigquit from a child process. It usually means the child failed.\n")
+        return "".join(out)
+
+
+CRASH_TB = (
+    '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2566, in run_scheduler_process\n'
+    "    scheduler = Scheduler(\n"
+    '  File "/sgl-workspace/sglang/python/sglang/srt/model_executor/model_runner.py", line 1801, in init_device_graphs\n'
+    "    self.graph_runner = graph_runners[self.device](self)\n"
+    '  File "/sgl-workspace/sglang/python/sglang/srt/model_executor/cuda_graph_runner.py", line 381, in __init__\n'
+    "    raise Exception(\n"
+    "Exception: Capture cuda graph failed: 'CustomAllReduceV2' object has no attribute 'obj'\n"
+    "Possible solutions:\n"
+    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+    "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)\n"
+    "3. disable torch compile by not using --enable-torch-compile\n"
+    "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n"
+    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n\n")
+
+
+class _SGLangSimMetrics:
+    def __init__(self, r, served):
+        from prometheus_client import Counter, Gauge, Histogram
+        lab = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
+        self.served = served
+        self.lv = {"model_name": served, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
+                   "moe_ep_rank": "0"}
+        self.m_al = Gauge("sglang:spec_accept_length", "The average acceptance length of speculative decoding.",
+                          lab, registry=r)
+        self.m_ar = Gauge("sglang:spec_accept_rate", "The average acceptance rate of speculative decoding "
+                          "(`accepted tokens / total draft tokens` in batch).", lab, registry=r)
+        self.m_running = Gauge("sglang:num_running_reqs", "The number of running requests.", lab, registry=r)
+        self.m_waiting = Gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", lab,
+                               registry=r)
+        self.m_kv = Gauge("sglang:token_usage", "The token usage.", lab, registry=r)
+        self.m_tput = Gauge("sglang:gen_throughput", "The generation throughput (token/s).", lab, registry=r)
+        tl = ["model_name"]
+        self.m_gen = Counter("sglang:generation_tokens", "Number of generation tokens processed.", tl, registry=r)
+        self.m_prompt = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", tl, registry=r)
+        self.m_reqs = Counter("sglang:num_requests", "Number of requests processed.", tl, registry=r)
+        self.m_ttft = Histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token.", tl,
+                                registry=r, buckets=(0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40))
+        self.m_itl = Histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency.", tl,
+                               registry=r, buckets=(0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025,
+                                                    0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.2, 0.4))
+        for g in (self.m_al, self.m_ar, self.m_running, self.m_waiting, self.m_kv, self.m_tput):
+            g.labels(**self.lv).set(0)
+        for c in (self.m_gen, self.m_prompt, self.m_reqs):
+            c.labels(model_name=served)
+        self.window: list[int] = []  # accepted tokens of recent steps
+        import threading
+        self.lock = threading.Lock()
+
+    def running(self, n):
+        self.m_running.labels(**self.lv).set(n)
+
+    def prompt(self, n):
+        self.m_prompt.labels(model_name=self.served).inc(n)
+
+    def generated(self, n):
+        self.m_gen.labels(model_name=self.served).inc(n)
+        self.m_reqs.labels(model_name=self.served).inc()
+
+    def ttft(self, s):
+        self.m_ttft.labels(model_name=self.served).observe(s)
+
+    def itl(self, s):
+        self.m_itl.labels(model_name=self.served).observe(s)
+
+    def spec_step(self, acc, k):
+        with self.lock:
+            self.window = (self.window + [acc])[-200:]
+            mean = sum(self.window) / len(self.window)
+        self.m_al.labels(**self.lv).set(1 + mean)
+        self.m_ar.labels(**self.lv).set(mean / k)

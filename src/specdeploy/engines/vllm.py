@@ -1,8 +1,25 @@
 """vLLM adapter (0.16.0 through 0.33.0)."""
 from __future__ import annotations
 
+import json
+import random
+import time
+from pathlib import Path
+
 from ..errors import Finding
-from . import AllReducePath, Command, CommContext, EngineAdapter, Health, Metrics, MiB, Span, dumps_compact
+from .base import (
+    AllReducePath,
+    Command,
+    CommContext,
+    EngineAdapter,
+    Health,
+    Metrics,
+    MiB,
+    SimBehaviour,
+    SimReject,
+    Span,
+    dumps_compact,
+)
 
 VERSIONS = (
     "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2",
@@ -18,8 +35,8 @@ CAPABILITIES = {
     "eagle3_target_whitelist": Span(None, "0.22.0"),
     # Eagle3DeepseekV2/V3ForCausalLM (MLA drafter heads).
     "mla_eagle3_drafter": Span("0.18.0"),
-    "language_model_only": Span("0.17.0"),
-    "api_key_env": Span(),  # VLLM_API_KEY
+    # VLLM_API_KEY: the key reaches the engine through its environment (a 0600 env file), not its argv.
+    "api_key_env": Span(),
 }
 
 # Speculative-config keys a user may set, with the versions that accept them. Internal fields
@@ -93,8 +110,15 @@ LOAD_FORMATS = {
 # models/{llama,deepseek}_eagle3.py, v1 gpu_model_runner aux-layer lookup), read from the 0.16.0, 0.18.0,
 # 0.22.0, 0.27.0 and 0.33.0 sources. The doctor (drafter.py) consults this table.
 DRAFTER = {
+    # The speculators format (transformer_layer_config + speculators_config) loads as it is.
+    "reads_speculators": True,
+    # The key whose ids this engine reads first, and in whose numbering (input of layer L).
+    "aux_key": "eagle_aux_hidden_state_layer_ids",
+    # What `drafter convert` writes as the architecture per drafter format (None: no conversion exists).
+    "convert_archs": {"llama": "LlamaForCausalLMEagle3", "mla": None},
     # For method eagle3 an architecture X becomes "Eagle3" + X unless its name already starts or ends
     # with Eagle3; the result must be one of these registry entries.
+    "eagle3_prefix": True,
     "archs": {
         "Eagle3LlamaForCausalLM": Span(), "LlamaForCausalLMEagle3": Span(),
         "Eagle3Qwen2_5vlForCausalLM": Span(), "Eagle3Qwen3vlForCausalLM": Span(),
@@ -124,8 +148,24 @@ DRAFTER = {
 SPEC_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
 
 
+# Patches for Kimi-K2.5 / DeepSeek EAGLE-3 before 0.18.0 (see specdeploy.patches.vllm).
+KIMI_EAGLE3_PATCHES = ("vllm-eagle3-target-whitelist", "vllm-kimi-image-token", "vllm-deepseek-supports-eagle3")
+
+# CUDA of the official image per release (``ARG CUDA_VERSION=`` in the sdist's docker/Dockerfile).
+IMAGE_CUDA = {"0.16.0": "12.9.1", "0.18.0": "12.9.1", "0.19.0": "12.9.1", "0.20.0": "13.0.2", "0.21.0": "13.0.2",
+              "0.24.0": "13.0.2", "0.28.0": "13.0.3", "0.33.0": "13.0.3"}
+
+
 class VLLM(EngineAdapter):
     name = "vllm"
+    label = "vLLM"
+    upstream_image = "vllm/vllm-openai"
+    version_arg = "VLLM_VERSION"
+    standin_build_args = {"IMPORT_CHECK": "0"}  # the stand-in has vLLM's Python sources but no torch
+    sandbox_version = "0.16.0"
+    image_cuda = IMAGE_CUDA
+    source_release = "sdist"
+    DRAFTER = DRAFTER
     versions = VERSIONS
     capabilities = CAPABILITIES
     flags = FLAGS
@@ -228,5 +268,216 @@ class VLLM(EngineAdapter):
             argv += ["--speculative-config", dumps_compact(self.spec_config(hv, drafter_path))]
         argv += list(hv.specdeploy_engine_extra_args)
         env = {"VLLM_NO_USAGE_STATS": "1"}
-        secret = {"VLLM_API_KEY": "api_key"} if hv.specdeploy_api_key_file else {}
+        secret = {"VLLM_API_KEY": "api_key"} if hv.specdeploy_api_key_file and self.has("api_key_env") else {}
         return Command(argv=argv, env=env, secret_env=secret)
+
+    def profile_defaults(self, profile) -> dict[str, object]:
+        # PCIe: the custom all-reduce is off (it needs P2P that PCIe hosts often lack or slow down); SM120 needs
+        # the Triton MLA backend (the FlashMLA/CUTLASS MLA kernels are SM90/SM100 only).
+        if profile.interconnect != "pcie":
+            return {}
+        if profile.compute_capability.startswith("12."):
+            return {"attention_backend": "TRITON_MLA", "disable_custom_all_reduce": True}
+        return {"disable_custom_all_reduce": True}
+
+    def patch_ids(self) -> tuple[str, ...]:
+        return () if self.has("kimi_eagle3_upstream") else KIMI_EAGLE3_PATCHES
+
+    @classmethod
+    def patch_module(cls):
+        from ..patches import vllm as module
+        return module
+
+    def preflight(self, hv, target, drafter_fmt, rep, host) -> None:
+        eagle3 = hv.specdeploy_spec_enabled and hv.specdeploy_spec_method == "eagle3"
+        kimi = target is not None and target.is_kimi_or_deepseek
+        if not (eagle3 and kimi) or self.has("kimi_eagle3_upstream"):
+            return
+        if hv.specdeploy_engine_patches != "none":
+            rep.add("info", "patch set", f"the image applies {', '.join(self.patch_ids())}", host=host)
+            return
+        fix = f"set specdeploy_engine_patches: auto, or pin vLLM >= {CAPABILITIES['kimi_eagle3_upstream'].since}"
+        if self.has("eagle3_target_whitelist"):
+            rep.add("error", "eagle3 target whitelist", f"vLLM {self.version} rejects model_type "
+                    f"'{target.text_model_type}' as an EAGLE-3 target (ValueError after the load)", fix, host)
+        if "KimiK25ForConditionalGeneration" in target.architectures:
+            rep.add("error", "image_token_index", f"vLLM {self.version}'s EAGLE proposer reads "
+                    "config.image_token_index, which KimiK25Config lacks (AttributeError after the load)", fix, host)
+        rep.add("error", "SupportsEagle3", f"vLLM {self.version}'s DeepseekV2/V3 (and KimiK25) models do not "
+                "implement SupportsEagle3 ('Model does not support EAGLE3 interface' after the load)", fix, host)
+
+    def drafter_taps(self, top, nested, default, deepseek_target):
+        # vLLM reads the top-level key (its own numbering) first.
+        if top is not None:
+            return list(top), "top-level key"
+        if nested is not None:
+            if DRAFTER["aux_nested_read_as_is"].contains(self.version):
+                return list(nested), "nested key read as vLLM numbers"
+            if DRAFTER["aux_nested_ignored"].contains(self.version):
+                return default, "default (the nested key is ignored)"
+            return None, f"vLLM {self.version} either ignores the nested key or reads it without +1"
+        return default, "default"
+
+    @classmethod
+    def facts_from_source(cls, root) -> dict:
+        import ast
+
+        from .sourcescan import class_fields, flag_literals, strings
+        vl = Path(root) / cls.name
+        flags: set[str] = set()
+        for f in [vl / "engine" / "arg_utils.py"] + sorted((vl / "entrypoints").rglob("cli_args.py")):
+            flags |= {"--" + n.replace("_", "-") for n in class_fields(f, lambda c: c.endswith("Args"))} \
+                | flag_literals(f)
+        spec = vl / "config" / "speculative.py"
+        methods: set[str] = set()
+        for node in ast.walk(ast.parse(spec.read_text())):
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith(("ModelTypes", "Method"))
+                                                    for t in node.targets):
+                methods |= set(strings(node.value))
+        return {"flags": sorted(flags), "spec_keys": sorted(class_fields(spec, lambda c: c == "SpeculativeConfig")),
+                "spec_methods": sorted(methods)}
+
+    @classmethod
+    def simulation(cls) -> SimBehaviour:
+        return VLLMSim()
+
+
+class VLLMSim(SimBehaviour):
+    """vLLM as the simulator plays it: ``vllm serve MODEL``, a pydantic-validated --speculative-config, the key in
+    VLLM_API_KEY, spec-decode counters, and a multi-worker crash log."""
+
+    argv_head = ("vllm", "serve")
+    positional_model = True
+    usage = "usage: vllm serve MODEL [options]"
+    prog = "vllm serve"
+    booleans = frozenset({"--enable-expert-parallel", "--trust-remote-code", "--disable-custom-all-reduce",
+                          "--enable-prefix-caching", "--enable-auto-tool-choice", "--enable-eplb",
+                          "--enforce-eager", "--language-model-only"})
+    int_flags = frozenset({"--port", "--tensor-parallel-size", "--max-model-len"})
+    tp_option = "tensor_parallel_size"
+    kv_lines = ("INFO [gpu_worker.py:298] GPU KV cache size: 1,187,264 tokens",
+                "INFO [kv_cache_utils.py:1091] Maximum concurrency for 262,144 tokens per request: 4.53x")
+
+    def spec(self, version, opts, facts):
+        """--speculative-config as vLLM's SpeculativeConfig validates it: known keys, a known method, k > 0."""
+        if "speculative_config" not in opts:
+            return None
+        raw = opts["speculative_config"]
+        head = "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig\n"
+        cfg = json.loads(raw)  # bad JSON: a ValueError, reported by the CLI
+        if not isinstance(cfg, dict):
+            raise ValueError(f"--speculative-config must be a JSON object, got {raw!r}")
+        keys = facts["spec_keys"] if facts else {k for k, span in SPEC_KEYS.items() if span.contains(version)}
+        bad = [k for k in cfg if k not in keys]
+        if bad:
+            raise SimReject(f"{head}{bad[0]}\n  Extra inputs are not permitted [type=extra_forbidden]")
+        method = cfg.get("method")
+        if facts and method is not None and method not in facts["spec_methods"]:
+            allowed = ", ".join(repr(m) for m in sorted(facts["spec_methods"]))
+            raise SimReject(f"{head}method\n  Input should be {allowed} [type=literal_error, input_value={method!r}]")
+        k = cfg.get("num_speculative_tokens")
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k <= 0):
+            raise SimReject(f"{head}num_speculative_tokens\n  Input should be greater than 0 [type=greater_than, "
+                            f"input_value={k!r}]")
+        return {"k": int(k or 0), "method": method, "model": cfg.get("model")}
+
+    def api_key(self, opts, env):
+        return env.get("VLLM_API_KEY") or opts.get("api_key")
+
+    def metrics(self, registry, served, k):
+        return _VLLMSimMetrics(registry, served, k)
+
+    def graph_line(self, i, graphs, t_graph):
+        return (f"Capturing CUDA graphs (decode, FULL): {100 * i // graphs:3d}%| | {i}/{graphs} "
+                f"[00:{int(i * t_graph):02d}<00:00]")
+
+    def graphs_done(self, load_s):
+        return f"INFO [gpu_model_runner.py:3480] Graph capturing finished in {int(0.3 * load_s)} secs"
+
+    def crash_log(self, version, model, k, tp):
+        ts = time.strftime("%m-%d %H:%M:%S")
+        lines = []
+        for w in range(tp):
+            p = f"(Worker_TP{w} pid={4100 + w}) ERROR {ts} [multiproc_executor.py:863] "
+            lines.append([p + "WorkerProc failed to start.", p + "Traceback (most recent call last):",
+                          p + '  File "/opt/venv/lib/python3.12/site-packages/vllm/v1/executor/multiproc_executor.py", '
+                              'line 783, in worker_main',
+                          p + "    worker = WorkerProc(*args, **kwargs)",
+                          p + '  File "/opt/venv/lib/python3.12/site-packages/vllm/v1/spec_decode/eagle.py", line 1370,'
+                              ' in load_model',
+                          p + "    self.model.config.image_token_index = target_model.config.image_token_index",
+                          p + "AttributeError: 'KimiK25Config' object has no attribute 'image_token_index'"])
+        rng = random.Random(1)
+        merged = []
+        while any(lines):
+            src = rng.choice([x for x in lines if x])
+            merged.append(src.pop(0))
+        return CRASH_LOG.format(core=4000, ts=ts, version=version, model=model, k=k,
+                                workers="\n".join(merged) + "\n")
+
+
+CRASH_LOG = """(EngineCore_DP0 pid={core}) INFO {ts} [core.py:97] Initializing a V1 LLM engine (v{version}) with config: model='{model}', speculative_config=SpeculativeConfig(method='eagle3', num_spec_tokens={k})
+{workers}(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866] EngineCore failed to start.
+(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866] Traceback (most recent call last):
+(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866]   File "/opt/venv/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 857, in run_engine_core
+(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866]     engine_core = EngineCoreProc(*args, **kwargs)
+(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866] Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{'EngineCore_DP0': 1}}
+"""
+
+
+class _VLLMSimMetrics:
+    def __init__(self, r, served, k):
+        from prometheus_client import Counter, Gauge, Histogram
+        lab = ["model_name", "engine"]
+        self.lv = {"model_name": served, "engine": "0"}
+        self.m_drafts = Counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", lab, registry=r)
+        self.m_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", lab,
+                                      registry=r)
+        self.m_accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", lab,
+                                  registry=r)
+        self.m_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                             "Accepted tokens per draft position.", lab + ["position"], registry=r)
+        self.m_gen = Counter("vllm:generation_tokens", "Number of generation tokens processed.", lab, registry=r)
+        self.m_prompt = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", lab, registry=r)
+        self.m_success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                                 lab + ["finished_reason"], registry=r)
+        self.m_running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                               lab, registry=r)
+        self.m_waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", lab,
+                               registry=r)
+        self.m_kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", lab,
+                          registry=r)
+        self.m_ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token.", lab,
+                                registry=r, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.m_itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency.", lab,
+                               registry=r, buckets=(0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 1))
+        for c in (self.m_drafts, self.m_draft_tokens, self.m_accepted, self.m_gen, self.m_prompt):
+            c.labels(**self.lv)
+        for p in range(k):
+            self.m_pos.labels(position=str(p), **self.lv)
+        for g in (self.m_running, self.m_waiting, self.m_kv):
+            g.labels(**self.lv).set(0)
+
+    def running(self, n):
+        self.m_running.labels(**self.lv).set(n)
+
+    def prompt(self, n):
+        self.m_prompt.labels(**self.lv).inc(n)
+
+    def generated(self, n):
+        self.m_gen.labels(**self.lv).inc(n)
+        self.m_success.labels(finished_reason="length", **self.lv).inc()
+
+    def ttft(self, s):
+        self.m_ttft.labels(**self.lv).observe(s)
+
+    def itl(self, s):
+        self.m_itl.labels(**self.lv).observe(s)
+
+    def spec_step(self, acc, k):
+        self.m_drafts.labels(**self.lv).inc()
+        self.m_draft_tokens.labels(**self.lv).inc(k)
+        self.m_accepted.labels(**self.lv).inc(acc)
+        for p in range(acc):
+            self.m_pos.labels(position=str(p), **self.lv).inc()

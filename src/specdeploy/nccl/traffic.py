@@ -53,7 +53,7 @@ def traffic(engine: str, version: str, profile: HardwareProfile | str, world_siz
     except UnsupportedVersion as exc:
         raise TrafficError(str(exc)) from None
     if custom_all_reduce is None:
-        custom_all_reduce = not profile.engine_defaults.get(engine, {}).get("disable_custom_all_reduce", False)
+        custom_all_reduce = not adapter.profile_defaults(profile).get("disable_custom_all_reduce", False)
     ctx = context(profile, world_size, custom_all_reduce)
     label = (f"{engine} {version} on {profile.name} (SM{profile.sm}, {profile.interconnect}), TP {world_size}, "
              f"custom all-reduce {'on' if custom_all_reduce else 'off'}")

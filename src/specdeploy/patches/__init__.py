@@ -6,15 +6,11 @@ from pathlib import Path
 
 from ..engines import get_adapter
 
-# Patches for Kimi-K2.5 / DeepSeek EAGLE-3 on vLLM before 0.18.0 (see specdeploy.patches.vllm).
-VLLM_KIMI_EAGLE3 = ("vllm-eagle3-target-whitelist", "vllm-kimi-image-token", "vllm-deepseek-supports-eagle3")
-
 
 def required_patches(engine: str, version: str) -> tuple[str, ...]:
-    adapter = get_adapter(engine, version)
-    if engine == "vllm" and not adapter.has("kimi_eagle3_upstream"):
-        return VLLM_KIMI_EAGLE3
-    return ()
+    """The patch ids the engine release needs (the adapter's patch hook); each engine's patches live in
+    ``patches/<engine>.py``."""
+    return get_adapter(engine, version).patch_ids()
 
 
 def patch_set_id(engine: str, version: str, mode: str = "auto") -> str:

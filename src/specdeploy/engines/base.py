@@ -1,0 +1,284 @@
+"""The engine adapter interface and the value types adapters share.
+
+An adapter turns validated host variables into the engine's command line and environment, knows the
+engine's image, health/readiness endpoints, metric names, drafter conventions, preflight checks, per-hardware
+defaults and how the simulator plays it, and answers capability questions for a version from a table
+(``Span`` per feature), never from scattered version comparisons. This module imports nothing of specdeploy
+but ``errors``; adapters take host variables (``schema.HostVars``) as arguments without importing the schema.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import Finding
+
+HostVars = Any  # schema.HostVars; the schema imports the registry, so adapters do not import the schema
+
+
+class UnsupportedVersion(ValueError):
+    pass
+
+
+def parse_version(v: str) -> tuple[int, ...]:
+    """``0.5.1.post2`` -> (0, 5, 1, 2): sorts after 0.5.1 and before 0.5.2, as PEP 440 orders these releases."""
+    out = []
+    for part in v.split("."):
+        num = part.split("post")[0]
+        out.append(int(num) if num.isdigit() else 0)
+        if "post" in part:
+            out.append(int(part.split("post")[1] or 0))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Span:
+    """A half-open version interval [since, until); None means unbounded."""
+
+    since: str | None = None
+    until: str | None = None
+
+    def contains(self, version: str) -> bool:
+        v = parse_version(version)
+        if self.since and v < parse_version(self.since):
+            return False
+        if self.until and v >= parse_version(self.until):
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class Health:
+    liveness: str
+    readiness: str
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Engine metric names the exporter and dashboards read."""
+
+    spec_counters: dict[str, str] = field(default_factory=dict)  # our name -> engine metric
+    spec_gauges: dict[str, str] = field(default_factory=dict)
+    serving: dict[str, str] = field(default_factory=dict)
+
+    def all_names(self) -> set[str]:
+        return set(self.spec_counters.values()) | set(self.spec_gauges.values()) | set(self.serving.values())
+
+
+@dataclass
+class Command:
+    argv: list[str]
+    env: dict[str, str]
+    secret_env: dict[str, str] = field(default_factory=dict)  # names only; values come from 0600 files
+    credential: str | None = None  # a file systemd hands the engine with LoadCredential= (e.g. the API key)
+
+    def to_dict(self) -> dict:
+        return {"argv": self.argv, "env": self.env}
+
+
+class EngineAdapter:
+    """One engine. Class attributes hold the facts that do not depend on the release; an instance is bound to
+    one pinned release (``version``) and answers per-version questions from the span tables."""
+
+    name: str = ""  # the inventory's specdeploy_engine value; also the metric prefix (``<name>:``)
+    label: str = ""  # how messages name the engine
+    versions: tuple[str, ...] = ()
+    capabilities: dict[str, Span] = {}
+    flags: dict[str, Span] = {}  # every flag the adapter may emit or accept in extra args
+    load_formats: dict[str, Span] = {}  # --load-format choices for safetensors checkpoints, per version
+    health: Health
+    metrics: Metrics
+    default_port: int = 8000
+    launch_hint = "--help"
+    # --- image ---------------------------------------------------------------------------
+    upstream_image: str = ""  # official image repository; the tag is v<version>
+    version_arg: str = ""  # the Dockerfile's build argument that pins the engine version
+    standin_build_args: dict[str, str] = {}  # extra build args of the sandbox stand-in image
+    standin_files: tuple[str, ...] | None = None  # package files the stand-in needs (None: the whole package)
+    sandbox_version: str = ""  # the release `specdeploy sandbox up` deploys
+    # CUDA of the official image per release, read from the release's Dockerfile (``ARG CUDA_VERSION=``)
+    image_cuda: dict[str, str] = {}
+    # --- upstream sources ----------------------------------------------------------------
+    source_release: str = "wheel"  # "sdist" or "wheel": the package index artifact the contract tests read
+    # --- drafter conventions (see drafter.py) --------------------------------------------
+    DRAFTER: dict = {}
+    drafter_fallback: str = ""  # the engine fixes suggest for drafters this engine cannot serve
+
+    def __init__(self, version: str):
+        if version not in self.versions:
+            raise UnsupportedVersion(
+                f"{self.name} {version} is not supported; supported: {', '.join(self.versions)}")
+        self.version = version
+
+    def has(self, capability: str) -> bool:
+        return self.capabilities[capability].contains(self.version)
+
+    def flag_exists(self, flag: str) -> bool:
+        span = self.flags.get(flag)
+        return span is not None and span.contains(self.version)
+
+    # --- to implement -------------------------------------------------------------------
+    def command(self, hv: HostVars, drafter_path: str | None = None) -> Command:
+        raise NotImplementedError
+
+    def spec_config_problems(self, hv: HostVars, host: str | None) -> list[Finding]:
+        return []
+
+    def allreduce_paths(self, ctx: CommContext) -> list[AllReducePath]:
+        """The engine's all-reduce paths that are active in ``ctx`` and come before NCCL."""
+        raise NotImplementedError
+
+    def profile_defaults(self, profile) -> dict[str, object]:
+        """Settings a hardware profile implies for this engine (``attention_backend``,
+        ``disable_custom_all_reduce``) unless the inventory sets them."""
+        return {}
+
+    def patch_ids(self) -> tuple[str, ...]:
+        """The patches this release needs (applied in the image build; see specdeploy.patches)."""
+        return ()
+
+    @classmethod
+    def patch_module(cls):
+        """The module with ``status(root)``, ``apply(root)`` and ``PatchError`` for this engine, or None."""
+        return None
+
+    def preflight(self, hv: HostVars, target, drafter_fmt: str | None, rep, host: str) -> None:
+        """Engine-specific preflight findings for a host (``target``: the TargetModel or None)."""
+
+    def drafter_taps(self, top, nested, default: list[int], deepseek_target: bool) -> tuple[list[int] | None, str]:
+        """The aux taps (vLLM numbering: input of layer L) this release captures for a drafter config with
+        ``top`` (top-level ``eagle_aux_hidden_state_layer_ids``) and ``nested`` (``eagle_config.``) ids, each a
+        valid three-id list or None; None when not pinned down."""
+        return default, "default"
+
+    def drafter_nested_ids(self, taps: list[int], deepseek_target: bool) -> list[int]:
+        """``eagle_config.eagle_aux_hidden_state_layer_ids`` that make this release capture ``taps``."""
+        return [x - 1 for x in taps]
+
+    @classmethod
+    def facts_from_source(cls, root) -> dict:
+        """Flags, speculative-config keys and methods read from an unpacked release (see engine_facts)."""
+        raise NotImplementedError
+
+    @classmethod
+    def simulation(cls) -> SimBehaviour:
+        """How ``specdeploy simulate`` plays this engine."""
+        raise NotImplementedError
+
+    # --- shared -------------------------------------------------------------------------
+    def load_format_ok(self, fmt: str) -> bool:
+        span = self.load_formats.get(fmt)
+        return span is not None and span.contains(self.version)
+
+    def validate_extras(self, hv: HostVars, host: str | None) -> list[Finding]:
+        out = self.spec_config_problems(hv, host)
+        fmt = hv.specdeploy_load_format
+        if fmt and not self.load_format_ok(fmt):
+            valid = sorted(f for f in self.load_formats if self.load_format_ok(f))
+            span = self.load_formats.get(fmt)
+            why = f"exists only from {self.name} {span.since}" if span and span.since else \
+                f"is not a {self.name} {self.version} load format specdeploy knows"
+            out.append(Finding("error", "specdeploy_load_format", f"'{fmt}' {why}",
+                               f"use one of: {', '.join(valid)}", host))
+        for arg in hv.specdeploy_engine_extra_args:
+            if not arg.startswith("--"):
+                continue
+            flag = arg.split("=", 1)[0]
+            if not self.flag_exists(flag):
+                out.append(Finding(
+                    "error", "specdeploy_engine_extra_args",
+                    f"{flag} is not a flag specdeploy knows for {self.name} {self.version}",
+                    f"remove it, or check `{self.launch_hint}` on the pinned image", host))
+        return out
+
+    def resolved(self, hv: HostVars, key: str):
+        """A profile-driven setting unless the inventory sets it explicitly."""
+        explicit = {"attention_backend": hv.specdeploy_attention_backend,
+                    "disable_custom_all_reduce": (None if hv.specdeploy_custom_all_reduce is None
+                                                  else not hv.specdeploy_custom_all_reduce)}[key]
+        if explicit is not None:
+            return explicit
+        return self.profile_defaults(hv.profile()).get(key)
+
+
+def dumps_compact(obj) -> str:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class AllReducePath:
+    """An engine all-reduce path in front of NCCL: messages it takes never reach NCCL.
+
+    ``max_bytes`` is the bound the engine checks (``None``: the bound is not known here); ``inclusive`` says
+    whether a message of exactly ``max_bytes`` still takes this path."""
+
+    name: str
+    max_bytes: int | None
+    inclusive: bool
+    source: str
+
+    def takes(self, nbytes: int) -> bool | None:
+        if self.max_bytes is None:
+            return None
+        return nbytes <= self.max_bytes if self.inclusive else nbytes < self.max_bytes
+
+
+@dataclass(frozen=True)
+class CommContext:
+    """What decides an engine's all-reduce path: hardware, tensor-parallel size, custom all-reduce switch."""
+
+    compute_capability: str
+    world_size: int
+    nvlink: bool  # every GPU pair on NVLink (NVLink profiles are NVSwitch-connected)
+    multicast: bool  # NVSwitch multicast (fabric manager), needed by torch symmetric-memory all-reduce
+    custom_all_reduce: bool
+
+
+class SimReject(SystemExit):
+    """The simulated engine refuses its command line (the message is what the real engine prints)."""
+
+
+class SimBehaviour:
+    """How the engine simulator (``specdeploy simulate``) plays one engine: its command line, the endpoints'
+    engine-specific behaviour, its metrics and what it prints while loading or crashing. The simulator
+    (simulator.py) owns the HTTP server and the token generation; it asks this object for the rest."""
+
+    argv_head: tuple[str, ...] = ()  # the program, e.g. ("vllm", "serve")
+    positional_model: bool = False  # the model path follows the head as a positional argument
+    usage: str = ""
+    prog: str = ""  # prefix of argparse-style errors
+    booleans: frozenset[str] = frozenset()  # flags without a value
+    int_flags: frozenset[str] = frozenset()
+    tp_option: str = ""  # the option (parsed key) that holds the tensor-parallel size
+    served_option: str = "served_model_name"  # the option that names the served model (else the model path)
+    health_generates: bool = False  # health endpoints answer 503 until loaded, then run a one-token generation
+    metrics_option: str | None = None  # /metrics is served only when this option is set
+
+    def spec(self, version: str, opts: dict, facts: dict | None) -> dict | None:
+        """The speculative setup from the parsed options: {"k", "method", "model"}, or None. Raises ArgError-
+        style errors (``SimReject``) for what the real engine rejects."""
+        return None
+
+    def api_key(self, opts: dict, env) -> str | None:
+        return opts.get("api_key")
+
+    def metrics(self, registry, served: str, k: int):
+        """An object with ``prompt(n)``, ``generated(n)``, ``ttft(s)``, ``itl(s)``, ``spec_step(accepted, k)`` and
+        ``running(n)``, publishing the engine's own metric names in ``registry``."""
+        raise NotImplementedError
+
+    kv_lines: tuple[str, ...] = ()  # printed between the weight shards and the graph capture
+
+    def graph_line(self, i: int, graphs: int, t_graph: float) -> str:
+        return f"Capturing CUDA graphs: {100 * i // graphs:3d}%| | {i}/{graphs}"
+
+    def graphs_done(self, load_s: float) -> str:
+        return f"Graph capturing finished in {int(0.3 * load_s)} secs"
+
+    def crash_log(self, version: str, model: str, k: int, tp: int) -> str:
+        return f"{self.prog}: simulated crash during the load\n"
