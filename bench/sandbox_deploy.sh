@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-2}; REPS=${2:-2}; BUILDS=${3:-1}
 LOG=/tmp/specdeploy-bench.log
-t() { local s=$(date +%s.%N); "$@" > $LOG 2>&1 || { tail -20 $LOG; exit 1; }; \
+t() { local s; s=$(date +%s.%N); "$@" > "$LOG" 2>&1 || { tail -20 "$LOG"; exit 1; }; \
       python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):7.1f} s')" "$s" "$(date +%s.%N)"; }
 fresh() { specdeploy sandbox down >/dev/null 2>&1 || true; specdeploy sandbox up --hosts "$N" --runtime "$1" >/dev/null 2>&1; }
 on_hosts() { for h in $(specdeploy sandbox status | cut -f2); do

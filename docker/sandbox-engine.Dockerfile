@@ -7,6 +7,8 @@ FROM ${BASE_IMAGE}
 ARG ENGINE
 ARG ENGINE_VERSION
 COPY engine-src/ /usr/local/lib/python3.11/dist-packages/
+# The single-quoted printf formats are the scripts' text: "$@" and $1 belong to the scripts, not to this RUN.
+# hadolint ignore=SC2016
 RUN printf '#!/bin/sh\nexec python3 -m specdeploy.cli simulate --engine vllm --version %s -- vllm "$@"\n' \
       "$ENGINE_VERSION" > /usr/local/bin/vllm \
  && printf '#!/bin/sh\nif [ "$1 $2" = "-m sglang.launch_server" ]; then\n  exec python3 -m specdeploy.cli simulate --engine sglang --version %s -- python "$@"\nfi\nexec python3 "$@"\n' \

@@ -16,12 +16,17 @@ ARG SPECDEPLOY_SOURCE=unknown
 ENV PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 COPY wheelhouse /opt/specdeploy-wheels
-# specdeploy's patch and exporter commands need only typer, rich and prometheus-client; --no-deps keeps the
-# image's own pins intact. Offline, the wheelhouse's host requirements are installed instead.
-RUN if [ "$OFFLINE" = 1 ]; then NI=--no-index; REQ="-r /opt/specdeploy-wheels/requirements-host.txt"; \
-    else NI=; REQ="typer>=0.12 rich>=13 prometheus-client>=0.20"; fi \
- && python3 -m pip install -q --no-cache-dir $NI --find-links /opt/specdeploy-wheels --no-deps specdeploy \
- && python3 -m pip install -q --no-cache-dir $NI --find-links /opt/specdeploy-wheels $REQ
+# specdeploy's own wheel with --no-deps keeps the image's pins intact; its patch and exporter commands need only
+# the wheelhouse's requirements-image.txt (typer, rich, prometheus-client). Offline, the wheelhouse's host
+# requirements are installed from the wheelhouse alone instead.
+RUN python3 -m pip install -q --no-cache-dir --no-index --no-deps /opt/specdeploy-wheels/specdeploy-*.whl \
+ && if [ "$OFFLINE" = 1 ]; then \
+      python3 -m pip install -q --no-cache-dir --no-index --find-links /opt/specdeploy-wheels \
+        -r /opt/specdeploy-wheels/requirements-host.txt; \
+    else \
+      python3 -m pip install -q --no-cache-dir --find-links /opt/specdeploy-wheels \
+        -r /opt/specdeploy-wheels/requirements-image.txt; \
+    fi
 
 # Patch the installed vllm package in site-packages, then fail the build unless every patch is
 # applied or already upstream.

@@ -143,7 +143,7 @@ class _IndentedDumper(yaml.SafeDumper):
 
 
 def argument_specs_yaml(role: str) -> str:
-    return "---\n" + yaml.dump(argument_specs(role), Dumper=_IndentedDumper, sort_keys=False, width=110)
+    return "---\n" + yaml.dump(argument_specs(role), Dumper=_IndentedDumper, sort_keys=False, width=95)
 
 
 def variables_markdown() -> str:

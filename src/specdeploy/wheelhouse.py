@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 HOST_REQUIREMENTS = ["typer>=0.12", "rich>=13", "prometheus-client>=0.20", "pyyaml>=6", "jinja2>=3.1",
-                     "pydantic>=2.6", "requests>=2.31", "safetensors>=0.4", "numpy>=1.24"]
+                     "pydantic>=2.6", "safetensors>=0.4", "numpy>=1.24"]
+# What an engine image adds to its own packages for specdeploy's patch and exporter commands (docker/*.Dockerfile
+# installs these from the package index when the build host has one).
+IMAGE_REQUIREMENTS = ["typer>=0.12", "rich>=13", "prometheus-client>=0.20"]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -61,5 +64,6 @@ def build(out: Path, target: str | None = None) -> str:
     subprocess.run(pip + ["download", "-d", str(out), "--only-binary=:all:", *extra] + HOST_REQUIREMENTS,
                    check=True)
     (out / "requirements-host.txt").write_text("\n".join(HOST_REQUIREMENTS) + "\n")
+    (out / "requirements-image.txt").write_text("\n".join(IMAGE_REQUIREMENTS) + "\n")
     marker.write_text(stamp + "\n")
     return stamp
