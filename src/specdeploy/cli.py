@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from .errors import SpecdeployError
 
@@ -36,9 +34,6 @@ register(app)
 from .frontdoor_cli import register as register_frontdoor  # noqa: E402
 
 register_frontdoor(app)
-
-out = Console()
-err = Console(stderr=True)
 
 InvOpt = typer.Option(..., "-i", "--inventory", help="Ansible inventory directory or file.")
 ExtraOpt = typer.Option(None, "-e", "--extra-vars",
@@ -68,6 +63,9 @@ def plan_cmd(inventory: str = InvOpt, limit: Optional[str] = typer.Option(None, 
     if as_json:
         print(json.dumps({"hosts": {h: p.to_dict() for h, _, p in plans}, "prometheus": prom}, indent=2))
         return
+    from rich.console import Console
+    from rich.table import Table
+    out = Console()
     for host, addr, p in plans:
         t = Table(title=f"{host} ({addr})", show_header=False)
         for k, v in [("engine", f"{p.engine} {p.version}"), ("runtime", p.runtime), ("image", p.image or "-"),

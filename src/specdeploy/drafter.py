@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
 from .engines import EngineAdapter, UnsupportedVersion, get, get_adapter, names
 from .errors import Finding, Report, SpecdeployError
@@ -436,6 +435,7 @@ def _check_vocab(d: Drafter, t: TargetModel, rep: Report):
     if d2t.shape != (d.draft_vocab,):
         rep.add("error", "d2t", f"shape {list(d2t.shape)}, expected [{d.draft_vocab}]", "rebuild the vocab map")
         return
+    import numpy as np  # only here: a config-only drafter (preflight's usual case) never needs it
     vocab = t.vocab
     ids = np.arange(d.draft_vocab, dtype=np.int64) + read_array(d2t)
     inside = (ids >= 0) & (ids < vocab)

@@ -5,22 +5,23 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
-from rich.console import Console, Group
-from rich.live import Live
-from rich.markup import escape
-from rich.panel import Panel
-from rich.table import Table
 
 from .errors import SpecdeployError
+
+if TYPE_CHECKING:  # rich is imported by the commands that draw, not when the CLI loads
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.table import Table
 
 PHASE_STYLE = {"provision": "cyan", "image": "cyan", "stage": "cyan", "start": "yellow", "load": "yellow",
                "ready": "green", "gate": "magenta", "rollback": "red"}
 
 
 def _console() -> Console:
+    from rich.console import Console
     c = Console()
     return c if c.is_terminal else Console(width=160)
 
@@ -32,6 +33,9 @@ def _bad(exc: SpecdeployError):
 
 
 def _rows_table(run, title: str) -> Table:
+    from rich.markup import escape
+    from rich.table import Table
+
     from .frontdoor import fmt_s
     t = Table(title=title, expand=False)
     for c in ("host", "phase", "progress", "elapsed", "result"):
@@ -49,6 +53,8 @@ def _rows_table(run, title: str) -> Table:
 
 
 def _triage_panel(row) -> Panel:
+    from rich.markup import escape
+    from rich.panel import Panel
     tr = row.triage or {}
     if tr:
         body = "\n".join(f"[bold]{k:10s}[/] {escape(str(tr.get(k)))}" for k in
@@ -109,6 +115,9 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
             extra=extra)
     title = f"specdeploy {action} - {inventory}"
 
+    from rich.console import Group
+    from rich.live import Live
+
     def view():
         return Group(_rows_table(run, title), *[_triage_panel(r) for r in run.rows.values() if r.triage])
     if live_tty:
@@ -126,7 +135,10 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
 
 
 def _status_table(st: dict) -> Table:
+    from rich.markup import escape
+
     from .frontdoor import fmt_s  # noqa: F401
+    from rich.table import Table
     t = Table(title=f"fleet status ({time.strftime('%H:%M:%S', time.localtime(st['time']))}, prometheus: "
                     f"{st['prometheus'] or 'unreachable'})")
     for c in ("host", "up", "engine", "release", "spec", "gate", "AL", "accept", "tok/s", "TTFT p50/p99",
@@ -181,6 +193,7 @@ def register(app: typer.Typer):
         proms = prometheus_urls(mon, prometheus)
         out = _console()
         if watch and not as_json:
+            from rich.live import Live
             with Live(_status_table(fleet_status(hosts, proms, timeout)), console=out) as live:
                 try:
                     while True:

@@ -9,7 +9,6 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors import SafetensorError, safe_open
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U32": 4, "U16": 2, "U64": 8}
@@ -40,6 +39,8 @@ class TensorInfo:
 def _validate(path: Path):
     """Let the safetensors library parse and validate the file (header JSON, dtypes, shapes against offsets,
     offsets covering the whole data section); any failure becomes one clean error naming the file."""
+    from safetensors import SafetensorError, safe_open  # here: a config-only checkpoint never loads the library
+
     try:
         with safe_open(str(path), framework="numpy") as fh:
             fh.keys()
@@ -111,6 +112,8 @@ def read_array(info: TensorInfo, max_bytes: int = 64 << 20):
         raise SafetensorsError(f"{info.name} is {info.nbytes} bytes; refusing to read more than {max_bytes}")
     if info.dtype not in ("I64", "I32", "BOOL", "U8", "I8"):
         raise SafetensorsError(f"{info.name}: dtype {info.dtype} is not an index type")
+    from safetensors import SafetensorError, safe_open
+
     try:
         with safe_open(str(info.file), framework="numpy") as fh:
             return fh.get_tensor(info.name).reshape(-1)
