@@ -5,8 +5,9 @@ working tree and, side by side, for an earlier commit, runs interleaved on the s
 
 Each tree runs ``python -m specdeploy.cli ...`` from its own directory with its own ``src`` first on PYTHONPATH
 (relative paths such as inventory/example are each tree's own). One unmeasured run per tree first writes the
-bytecode caches. Rounds alternate the order of the trees. --importtime adds, per tree, the top-level imports by
-cumulative time from ``python -X importtime`` (one more run each).
+bytecode caches (PYTHONDONTWRITEBYTECODE is dropped for the runs: an installed package has them, and without
+them every start compiles specdeploy's modules again). Rounds alternate the order of the trees. --importtime
+adds, per tree, the top-level imports by cumulative time from ``python -X importtime`` (one more run each).
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def export(ref: str, dest: Path) -> Path:
 def run_once(tree: Path, cmd: list[str], extra: list[str] | None = None) -> tuple[float, float, int, str]:
     """(wall s, CPU s of the child, exit code, stderr)."""
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: bytecode cached, not compiled on every start
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, *(extra or []), "-m", "specdeploy.cli", *cmd], cwd=tree, env=env,
