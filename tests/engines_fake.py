@@ -108,7 +108,7 @@ class ToyServe(EngineAdapter):
     # Drafter conventions: flat Llama EAGLE-3 drafters only, aux ids read from the top-level key.
     DRAFTER = {"reads_speculators": False, "aux_key": "eagle_aux_hidden_state_layer_ids", "eagle3_prefix": False,
                "convert_archs": {"llama": "LlamaForCausalLMEagle3", "mla": None},
-               "archs": {"LlamaForCausalLMEagle3": Span()}, "mla_archs": set()}
+               "archs": {"LlamaForCausalLMEagle3": Span()}}
     drafter_fallback = "vLLM"
 
     def drafter_taps(self, top, nested, default, deepseek_target):

@@ -406,8 +406,11 @@ def _check_lm_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report):
     if shares is not None and shares.contains(a.version):
         rep.add("info", "lm_head.weight", f"not in the checkpoint: {a.label} shares the target's lm_head (the draft "
                 "vocabulary is the target's)")
-    elif d.fmt == "mla":
-        rep.add("warning", "lm_head.weight", f"not in the checkpoint: whether {a.label}'s MLA drafter takes the "
+        return
+    from_target = a.DRAFTER.get("lm_head_from_target_without_draft_vocab_size")
+    if d.fmt == "mla" or from_target is None or not from_target.contains(a.version):
+        what = f"{a.label}'s MLA drafter" if d.fmt == "mla" else f"{a.label} {a.version}"
+        rep.add("warning", "lm_head.weight", f"not in the checkpoint: whether {what} takes the "
                 "target's lm_head is not verified", "include lm_head.weight"
                 + (f", or serve with {a.drafter_fallback}" if a.drafter_fallback else ""))
     elif d.declares_draft_vocab and d.fmt != "speculators":

@@ -84,17 +84,22 @@ def wheel_rank(filename: str) -> tuple[int, int] | None:
     return None
 
 
+def choose(files: list[dict]) -> dict | None:
+    """The index entry (``{"filename": ...}``) that fits Linux x86_64 / Python 3 best, or None."""
+    ranked = sorted((r, f["filename"], i) for i, f in enumerate(files) if (r := wheel_rank(f["filename"])) is not None)
+    return files[ranked[0][2]] if ranked else None
+
+
 def fetch(project: str, filename_predicate, label: str) -> Path:
     """Download the index file matching ``filename_predicate`` that fits Linux x86_64 / Python 3 best (a
     pure-Python wheel before an x86_64 one; never another platform's) into the cache; verify sha256."""
     dest_dir = cache_root() / "dist"
     dest_dir.mkdir(parents=True, exist_ok=True)
     files = [f for f in _project_files(project) if filename_predicate(f["filename"])]
-    fitting = sorted((r, f["filename"], i) for i, f in enumerate(files) if (r := wheel_rank(f["filename"])) is not None)
-    if not fitting:
+    entry = choose(files)
+    if entry is None:
         found = f" (only {', '.join(f['filename'] for f in files)})" if files else ""
         raise UpstreamError(f"{label}: no matching file for Linux x86_64 / Python 3 on {index_url()}/{project}/{found}")
-    entry = files[fitting[0][2]]
     want = entry.get("hashes", {}).get("sha256")
     if not want:
         raise UpstreamError(f"{label}: index gives no sha256 for {entry['filename']}")
@@ -143,7 +148,8 @@ def sdist_source(project: str, version: str) -> Path:
 def wheel_source(project: str, version: str) -> Path:
     """Unpacked wheel (its .py files) of a project whose package is named like the project."""
     out = cache_root() / "src" / f"{project}-{version}"
-    if (out / project / "__init__.py").exists():
+    stamp = out / ".specdeploy-artifact"  # the wheel it was unpacked from: an older cache may hold another platform's
+    if (out / project / "__init__.py").exists() and stamp.is_file() and wheel_rank(stamp.read_text().strip()):
         return out
     wheel = fetch(project, lambda n: n.startswith(f"{project}-{version}-") and n.endswith(".whl"),
                   f"{project} {version} wheel")
@@ -151,6 +157,7 @@ def wheel_source(project: str, version: str) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(tmp, members=[n for n in zf.namelist() if n.startswith(f"{project}/") and n.endswith(".py")])
+    (tmp / stamp.name).write_text(wheel.name + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out

@@ -6,6 +6,7 @@ import ast
 import re
 
 import pytest
+from packaging.version import Version
 
 from specdeploy import upstream
 from specdeploy.engines import get_adapter
@@ -14,10 +15,15 @@ from specdeploy.engines import vllm as vl
 from specdeploy.hardware import PROFILES
 from specdeploy.nccl.traffic import context
 
+from .spans import _spans, endpoints
+
 pytestmark = pytest.mark.contract
 
-VLLM_TESTED = ["0.16.0", "0.17.1", "0.18.0", "0.22.0", "0.33.0"]
-SGLANG_TESTED = ["0.5.23"]
+# The releases read when the tables were written, and the first and last release of every span in them.
+VLLM_TESTED = sorted({"0.16.0", "0.17.1", "0.18.0", "0.22.0", "0.33.0"} | set(endpoints("vllm", _spans(
+    [vl.CUSTOM_AR_WORLD_SIZES, vl.SYMM_MEM_INCLUSIVE, vl.FI_FUSION], []))), key=Version)
+SGLANG_TESTED = sorted({"0.5.23"} | set(endpoints("sglang", _spans(
+    [sg.FI_FUSION_AUTO, sg.FI_FUSION_ABSENT, sg.CUSTOM_AR_INCLUSIVE], []))), key=Version)
 
 
 def _dict_literal(src: str, name: str) -> dict:
@@ -67,13 +73,16 @@ def test_sglang_allreduce_paths(version):
     ca = (root / "distributed" / "device_communicators" / "custom_all_reduce.py").read_text()
     assert "_MAX_CAR_SIZE = 8192 * 1024" in ca and sg.CUSTOM_AR_MAX == 8192 * 1024
     assert f"_SUPPORTED_WORLD_SIZES = {list(sg.CUSTOM_AR_WORLD_SIZES)}" in ca
-    assert "return inp_size <= self.max_size" in ca  # inclusive bound
+    op = "<=" if sg.CUSTOM_AR_INCLUSIVE.contains(version) else "<"
+    assert f"return inp_size {op} self.max_size" in ca
     utils = (root / "distributed" / "device_communicators" / "custom_all_reduce_utils.py").read_text()
-    assert "world_size > 2 and not full_nvlink" in utils
+    assert "world_size > 2 and not full_nvlink" in utils + ca  # in custom_all_reduce.py up to 0.5.9
     overrides = "".join(p.read_text() for p in root.rglob("*.py")
                         if "Auto-enabling FlashInfer AllReduce Fusion" in p.read_text())
-    assert "KimiK25ForConditionalGeneration" in overrides
-    assert sg.FI_FUSION_AUTO.contains(version)
-    # the adapter reports sizes above the custom all-reduce as unknown there
+    if sg.FI_FUSION_AUTO.contains(version):
+        assert "KimiK25ForConditionalGeneration" in overrides
+    if sg.FI_FUSION_ABSENT.contains(version):
+        assert overrides == ""
+    # the adapter reports sizes above the custom all-reduce as unknown where the fusion may be on
     paths = get_adapter("sglang", version).allreduce_paths(context(PROFILES["h200_nvl8"], 8, True))
-    assert [p.max_bytes for p in paths] == [8192 * 1024, None]
+    assert [p.max_bytes for p in paths] == [8192 * 1024] + ([] if sg.FI_FUSION_ABSENT.contains(version) else [None])

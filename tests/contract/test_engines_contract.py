@@ -3,20 +3,29 @@ upstream source of each tested engine version (downloaded at test time, sha256-v
 from __future__ import annotations
 
 import pytest
+from packaging.version import Version
 
 from specdeploy import upstream
-from specdeploy.engines import get_adapter
+from specdeploy.engines import Span, get_adapter
 from specdeploy.engines import sglang as sg
 from specdeploy.engines import vllm as vl
 from specdeploy.schema import validate_host
 
-from .upstream_facts import (exposed, sglang_flags, sglang_metric_names, vllm_flags, vllm_metric_names,
-                             vllm_spec_keys)
+from .spans import endpoints
+from .upstream_facts import (
+    exposed,
+    sglang_flags,
+    sglang_metric_names,
+    vllm_flags,
+    vllm_metric_names,
+    vllm_spec_keys,
+)
 
 pytestmark = pytest.mark.contract
 
-VLLM_TESTED = ["0.16.0", "0.17.1", "0.18.0", "0.33.0"]
-SGLANG_TESTED = ["0.5.23"]
+# The first and last release of every span the adapters' tables claim (plus 0.17.1, the last patched vLLM).
+VLLM_TESTED = sorted(set(endpoints("vllm")) | {"0.17.1"}, key=Version)
+SGLANG_TESTED = endpoints("sglang")
 
 
 def _host(engine, version, **kw):
@@ -25,6 +34,8 @@ def _host(engine, version, **kw):
             "specdeploy_spec_enabled": True, "specdeploy_drafter_path": "/models/drafter",
             "specdeploy_expert_parallel": True, "specdeploy_max_model_len": 65536,
             "specdeploy_api_key_file": "/tmp/key"}
+    if not get_adapter(engine, version).capabilities.get("config_file", Span()).contains(version):
+        base["specdeploy_api_key_file"] = None  # refused where the key could only go on the command line
     base.update(kw)
     return validate_host("contract", base)
 
@@ -49,7 +60,7 @@ def test_vllm_speculative_config_keys(version):
     for key, span in vl.SPEC_KEYS.items():
         if span.contains(version):
             assert key in keys, f"vLLM {version}: SpeculativeConfig has no '{key}'"
-        elif span.until and version >= span.until:
+        elif span.until and Version(version) >= Version(span.until):
             assert key not in keys, f"vLLM {version}: '{key}' is still there (table says removed in {span.until})"
     emitted = get_adapter("vllm", version).spec_config(_host("vllm", version), "/d")
     assert set(emitted) <= keys
@@ -58,8 +69,7 @@ def test_vllm_speculative_config_keys(version):
 @pytest.mark.parametrize("version", VLLM_TESTED)
 def test_vllm_metric_names(version):
     defined = vllm_metric_names(upstream.source("vllm", version))
-    m = get_adapter("vllm", version).metrics
-    missing = [n for n in m.all_names() if not exposed(n, defined)]
+    missing = [n for n in get_adapter("vllm", version).metric_names() if not exposed(n, defined)]
     assert not missing, f"vLLM {version} does not define {missing}"
 
 
@@ -85,7 +95,10 @@ def test_sglang_flags_metrics_and_kimi_support(version):
     argv = adapter.command(_host("sglang", version)).argv
     assert [a for a in argv if a.startswith("--") and a not in flags] == []
     assert "--tp-size" in argv and "--tp" not in argv
+    assert ("--config" in argv) == adapter.has("config_file")
     defined = sglang_metric_names(root)
-    assert [n for n in adapter.metrics.all_names() if not exposed(n, defined)] == []
-    kimi = (root / "sglang/srt/models/kimi_k25.py").read_text()
+    assert [n for n in adapter.metric_names() if not exposed(n, defined)] == []
+    assert [n for n in adapter.metrics.all_names() - adapter.metric_names() if exposed(n, defined)] == []
+    kimi_file = root / "sglang/srt/models/kimi_k25.py"
+    kimi = kimi_file.read_text() if kimi_file.is_file() else ""
     assert adapter.has("kimi_eagle3") == ("set_eagle3_layers_to_capture" in kimi)

@@ -3,16 +3,21 @@ ones it refuses for a version are really absent there."""
 from __future__ import annotations
 
 import pytest
+from packaging.version import Version
 
 from specdeploy import upstream
 from specdeploy.engines import get_adapter
 
+from .spans import endpoints
 from .test_engines_contract import VLLM_TESTED, _host
 from .upstream_facts import sglang_load_formats, vllm_load_formats
 
 pytestmark = pytest.mark.contract
 
-SGLANG_LOAD_TESTED = ["0.5.6", "0.5.10", "0.5.23"]  # before, at and after the fast loaders' first release
+# before, at and after the fast loaders' first release, and the first and last release of every load-format span
+SGLANG_LOAD_TESTED = sorted({"0.5.6", "0.5.10", "0.5.23"}
+                            | set(endpoints("sglang", list(get_adapter("sglang", "0.5.23").load_formats.values()))),
+                            key=Version)
 
 
 def _check(engine: str, version: str, real: frozenset[str]):

@@ -62,6 +62,7 @@ class Metrics:
     spec_counters: dict[str, str] = field(default_factory=dict)  # our name -> engine metric
     spec_gauges: dict[str, str] = field(default_factory=dict)
     serving: dict[str, str] = field(default_factory=dict)
+    spans: dict[str, Span] = field(default_factory=dict)  # engine metric -> releases that define it (default: all)
 
     def all_names(self) -> set[str]:
         return set(self.spec_counters.values()) | set(self.spec_gauges.values()) | set(self.serving.values())
@@ -114,6 +115,11 @@ class EngineAdapter:
 
     def has(self, capability: str) -> bool:
         return self.capabilities[capability].contains(self.version)
+
+    def metric_names(self) -> set[str]:
+        """The engine metrics this release defines (a missing one reads as "no figure" in the exporter)."""
+        return {n for n in self.metrics.all_names() if n not in self.metrics.spans
+                or self.metrics.spans[n].contains(self.version)}
 
     def flag_exists(self, flag: str) -> bool:
         span = self.flags.get(flag)

@@ -32,8 +32,9 @@ CAPABILITIES = {
     # KimiK25ForConditionalGeneration delegates set_eagle3_layers_to_capture to its language model
     # (first seen in the 0.5.10 wheel; absent in 0.5.9).
     "kimi_eagle3": Span("0.5.10"),
-    # --config YAML file: lets the API key stay off the command line.
-    "config_file": Span("0.5.10"),
+    # --config YAML file, merged into the command line (server_args_config_parser.py): lets the API key stay off
+    # the command line. Absent in 0.5.2, present from 0.5.3.
+    "config_file": Span("0.5.3"),
     # Eagle3DeepseekV2ForCausalLM (MLA drafter head), as in DRAFTER["archs"].
     "mla_eagle3_drafter": Span("0.5.12"),
 }
@@ -43,16 +44,20 @@ FLAGS = {f: Span() for f in (
     "--mem-fraction-static", "--trust-remote-code", "--enable-metrics", "--disable-custom-all-reduce",
     "--attention-backend", "--speculative-algorithm", "--speculative-draft-model-path",
     "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
-    "--config", "--kv-cache-dtype", "--max-running-requests", "--chunked-prefill-size",
+    "--kv-cache-dtype", "--max-running-requests", "--chunked-prefill-size",
     "--tool-call-parser", "--reasoning-parser", "--watchdog-timeout",
-    "--dist-timeout", "--page-size", "--moe-runner-backend", "--speculative-draft-model-quantization")}
+    "--dist-timeout", "--page-size", "--moe-runner-backend")}
+FLAGS["--config"] = CAPABILITIES["config_file"]
+FLAGS["--speculative-draft-model-quantization"] = Span("0.5.7")  # absent in 0.5.6.post2, present in 0.5.7
 
 # All-reduce paths in front of NCCL, read from sglang/srt/distributed/ (custom_all_reduce.py,
 # parallel_state.py) in the 0.5.1, 0.5.10, 0.5.16 and 0.5.23 wheels. The custom all-reduce (world sizes 2, 4, 6,
-# 8; on more than two GPUs only with full NVLink) takes size <= 8 MiB on CUDA. MSCCL++, torch symmetric memory
-# and the PCIe-IPC all-reduce (0.5.23) are off unless enabled, so they are not listed.
+# 8; on more than two GPUs only with full NVLink) takes size < 8 MiB on CUDA up to 0.5.8.post1 and size <= 8 MiB
+# from 0.5.9 (the x86_64 wheels of 0.5.1 to 0.5.10 read). MSCCL++, torch symmetric memory and the PCIe-IPC
+# all-reduce (0.5.23) are off unless enabled, so they are not listed.
 CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
 CUSTOM_AR_MAX = 8192 * 1024
+CUSTOM_AR_INCLUSIVE = Span("0.5.9")
 # FlashInfer all-reduce fusion is switched on automatically for KimiK25ForConditionalGeneration on SM90/SM100
 # with TP > 1 (seen in 0.5.10, 0.5.16, 0.5.23; absent in 0.5.1; 0.5.2 to 0.5.9 not read). Its size bound is
 # per workspace and not recorded here, so sizes above the custom all-reduce's are "unknown" there.
@@ -82,7 +87,6 @@ DRAFTER = {
     "eagle3_prefix": False,
     # EntryClass names a drafter config may use (no aliasing: the name must match).
     "archs": {"LlamaForCausalLMEagle3": Span(), "Eagle3DeepseekV2ForCausalLM": Span("0.5.12")},
-    "mla_archs": {"Eagle3DeepseekV2ForCausalLM"},
     # Only eagle_config.eagle_aux_hidden_state_layer_ids is read, in SGLang numbering (output of layer L;
     # the target captures L+1); without it the target default [2, n//2, n-3] (vLLM numbering) is used.
     # From 0.5.13 the DeepSeek/Kimi target adds 1 only when the first id is 1 and otherwise takes the ids
@@ -94,7 +98,8 @@ DRAFTER = {
     "mla_max_layers": 1,  # kimi_k25_eagle3.py raises unless num_hidden_layers == 1
     # Llama drafter: no draft_vocab_size in the config -> the target's lm_head is loaded; with
     # draft_vocab_size set, lm_head must be in the checkpoint (otherwise it stays uninitialised).
-    "lm_head_from_target_without_draft_vocab_size": Span(),
+    # (load_lm_head_from_target in llama_eagle3.py, from 0.5.2; 0.5.1.post3 does not have it.)
+    "lm_head_from_target_without_draft_vocab_size": Span("0.5.2"),
     # The Llama EAGLE-3 decoder layer implements only norm_before_residual = False.
     "norm_before_residual": False,
 }
@@ -148,6 +153,7 @@ class SGLang(EngineAdapter):
             "waiting": "sglang:num_queue_reqs",
             "kv_cache": "sglang:token_usage",
         },
+        spans={"sglang:spec_accept_rate": Span("0.5.4")},  # absent in 0.5.3 (the exporter then reports no rate)
     )
 
     def spec_config_problems(self, hv, host):
@@ -187,8 +193,10 @@ class SGLang(EngineAdapter):
         out = []
         ws = ctx.world_size
         if ctx.custom_all_reduce and ws in CUSTOM_AR_WORLD_SIZES and (ws == 2 or ctx.nvlink):
-            out.append(AllReducePath("custom all-reduce", CUSTOM_AR_MAX, True,
-                                     f"SGLang {self.version} CustomAllreduce: size <= {CUSTOM_AR_MAX} bytes"))
+            incl = CUSTOM_AR_INCLUSIVE.contains(self.version)
+            out.append(AllReducePath("custom all-reduce", CUSTOM_AR_MAX, incl,
+                                     f"SGLang {self.version} CustomAllreduce: size {'<=' if incl else '<'} "
+                                     f"{CUSTOM_AR_MAX} bytes"))
         if ws > 1 and ctx.compute_capability in FI_FUSION_CC and not FI_FUSION_ABSENT.contains(self.version):
             known = FI_FUSION_AUTO.contains(self.version)
             out.append(AllReducePath("FlashInfer all-reduce fusion", None, False,

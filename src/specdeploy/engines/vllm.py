@@ -126,7 +126,6 @@ DRAFTER = {
         "Eagle3MiniMaxM2ForCausalLM": Span("0.22.0"),  # in 0.22.0, absent in 0.18.0
         "Eagle3Qwen3ForCausalLM": Span("0.27.0"),  # in 0.27.0, absent in 0.22.0
     },
-    "mla_archs": {"Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"},
     # speculators configs: transformer_layer_config.model_type -> drafter class
     "speculators_model_types": {"llama": Span(), "qwen3": Span("0.27.0")},
     # The speculators loader defaults norm_before_residual to True, the flat loader to False.
@@ -137,12 +136,11 @@ DRAFTER = {
     # not pinned down.
     "aux_nested_read_as_is": Span("0.22.0"),
     "aux_nested_ignored": Span(None, "0.18.1"),
-    # Llama and MLA drafters build num_hidden_layers decoder layers (layer 0 takes 2*hidden inputs).
-    "max_layers": None,
+    # Llama and MLA drafters build num_hidden_layers decoder layers (layer 0 takes 2*hidden inputs): no
+    # "mla_max_layers" and no "llama_multi_layer" limit.
     # A checkpoint without lm_head gets the target's lm_head (EagleProposer._maybe_share_lm_head).
     "shares_missing_lm_head": Span(),
-    # The loader renames midlayer.* to layers.0.*; both layouts load.
-    "layer_prefixes": ("layers.", "midlayer."),
+    # The loader renames midlayer.* to layers.0.*; both layouts load (see llama_multi_layer in sglang.py).
 }
 
 SPEC_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
