@@ -101,7 +101,9 @@ def test_every_panel_returns_data_from_real_prometheus(tmp_path):
     gate = tmp_path / "gate.json"
     gate.write_text(json.dumps({"verdict": "keep", "timestamp": time.time(),
                                 "levels": [{"concurrency": 1, "speedup": 1.4, "breakeven_al": 1.43}]}))
-    dcgm = http.server.ThreadingHTTPServer(("127.0.0.2", 9400), type("D", (_Static,), {
+    # ports chosen now: a real exporter (or anything) on 9400/9100 must neither clash with nor feed this test
+    dcgm_port, node_port = free_port("127.0.0.2"), free_port("127.0.0.2")
+    dcgm = http.server.ThreadingHTTPServer(("127.0.0.2", dcgm_port), type("D", (_Static,), {
         "body": (REPO / "tests/data/dcgm-sample.prom").read_bytes()}))
     threading.Thread(target=dcgm.serve_forever, daemon=True).start()
     try:
@@ -110,7 +112,7 @@ def test_every_panel_returns_data_from_real_prometheus(tmp_path):
             procs.append(start_sim(engine, addr, ep))
             procs.append(start_exporter(engine, f"http://{addr}:{ep}", addr, xp, gate_file=gate))
             targets.append({"host": f"{engine}-host", "address": addr, "engine": engine, "engine_port": ep,
-                            "exporter_port": xp})
+                            "exporter_port": xp, "dcgm_port": dcgm_port, "node_port": node_port})
         rules = tmp_path / "rules.yml"
         rules.write_text(render_rules(eval_interval="1s"))
         cfg = tmp_path / "prometheus.yml"

@@ -179,3 +179,9 @@ def specdeploy_weights(variables, host):
         if it["controller"] and base and not Path(it["controller"]).is_absolute():
             it["controller"] = str(Path(str(base)) / it["controller"])
     return items
+
+
+def specdeploy_gpg_key_check(colons, fingerprint):
+    """'' when `gpg --show-keys --with-colons` output holds the pinned key, usable; else what is wrong."""
+    from specdeploy.monitoring import gpg_key_problem
+    return gpg_key_problem(str(colons), str(fingerprint))

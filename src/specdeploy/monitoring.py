@@ -2,14 +2,22 @@
 
 The dashboard is built with Grafana's Foundation SDK (``grafana-foundation-sdk``); every panel's PromQL comes from
 ``panels()``, which the tests evaluate against a real Prometheus and ``specdeploy report`` renders without Grafana.
+The third-party facts used here and by the monitoring role (ports, units, DCGM field names, Grafana's signing key)
+are listed with their sources in docs/monitoring.md.
 """
 from __future__ import annotations
 
 import json
+import time
 
 from . import metrics as M
 from .engines import names as engine_names
 from .render import jinja_env
+
+# Default listen ports of the host exporters the scrape config targets: Debian's prometheus-node-exporter
+# (--web.listen-address ":9100") and NVIDIA's dcgm-exporter (-a ":9400").
+NODE_EXPORTER_PORT = 9100
+DCGM_EXPORTER_PORT = 9400
 
 RULE_DEFAULTS = {"eval_interval": "15s", "ready_timeout": "1h", "min_acceptance_length": 2.0,
                  "kv_cache_full": 0.95, "ttft_slo_seconds": 2.0, "itl_slo_seconds": 0.1}
@@ -48,7 +56,7 @@ def panels() -> list[tuple[str, str, str, list[tuple[str, str]]]]:
          [("{{host}} running", M.q_running()), ("{{host}} waiting", M.q_waiting())]),
         ("Serving", "KV cache usage", "percentunit", [("{{host}}", M.q_kv())]),
         ("GPU (DCGM)", "GPU utilization", "percent", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_GPU_UTIL")]),
-        ("GPU (DCGM)", "GPU memory used", "decmbytes", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_FB_USED")]),
+        ("GPU (DCGM)", "GPU memory used", "mbytes", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_FB_USED")]),
         ("GPU (DCGM)", "GPU power", "watt", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_POWER_USAGE")]),
     ]
 
@@ -98,3 +106,30 @@ def grafana_datasource(prometheus_url: str) -> str:
 def grafana_dashboard_provider(path: str) -> str:
     return ("apiVersion: 1\nproviders:\n  - name: specdeploy\n    type: file\n    disableDeletion: false\n"
             f"    options:\n      path: {path}\n")
+
+
+def gpg_key_problem(colons: str, fingerprint: str, now: float | None = None) -> str:
+    """What is wrong with a downloaded repository key, from ``gpg --show-keys --with-colons`` of it: '' when one of
+    its primary keys has ``fingerprint`` and is neither revoked nor expired. A key file may carry more keys (Grafana's
+    holds its revoked predecessors too); only the pinned one has to be usable."""
+    want = fingerprint.replace(" ", "").upper()
+    now = time.time() if now is None else now
+    seen, pub = [], None
+    for line in colons.splitlines():
+        f = line.split(":")
+        if f[0] == "pub":
+            pub = f
+        elif f[0] == "fpr" and pub is not None and len(f) > 9:
+            seen.append(f[9])
+            if f[9].upper() == want:
+                expires = pub[6] if len(pub) > 6 else ""
+                if pub[1] == "r":
+                    return f"key {want} is revoked"
+                if pub[1] == "e" or (expires.isdigit() and int(expires) <= now):
+                    when = time.strftime("%Y-%m-%d", time.gmtime(int(expires))) if expires.isdigit() else "?"
+                    return f"key {want} expired on {when}"
+                return ""
+            pub = None
+    if not seen:
+        return "the file holds no OpenPGP public key"
+    return f"no key with fingerprint {want} (the file holds {', '.join(seen)})"

@@ -294,7 +294,10 @@ def image_patch_label(hv: HostVars) -> str:
 
 
 def render_prometheus(targets: list[dict], rules_files: list[str] | None = None, scrape_interval: str = "15s") -> str:
-    """Scrape config for engines, exporters, node exporter and DCGM exporter."""
+    """Scrape config for engines, exporters, node exporter and DCGM exporter (a target's node_port and dcgm_port
+    default to those exporters' own default ports)."""
+    from .monitoring import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT
+    targets = [{"node_port": NODE_EXPORTER_PORT, "dcgm_port": DCGM_EXPORTER_PORT, **t} for t in targets]
     return jinja_env().get_template("prometheus.yml.j2").render(
         targets=targets, rules_files=rules_files or [], scrape_interval=scrape_interval)
 
