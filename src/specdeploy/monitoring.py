@@ -14,11 +14,6 @@ from . import metrics as M
 from .engines import names as engine_names
 from .render import jinja_env
 
-# Default listen ports of the host exporters the scrape config targets: Debian's prometheus-node-exporter
-# (--web.listen-address ":9100") and NVIDIA's dcgm-exporter (-a ":9400").
-NODE_EXPORTER_PORT = 9100
-DCGM_EXPORTER_PORT = 9400
-
 RULE_DEFAULTS = {"eval_interval": "15s", "ready_timeout": "1h", "min_acceptance_length": 2.0,
                  "kv_cache_full": 0.95, "ttft_slo_seconds": 2.0, "itl_slo_seconds": 0.1}
 
