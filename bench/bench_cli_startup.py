@@ -44,7 +44,8 @@ def export(ref: str, dest: Path) -> Path:
 
 def run_once(tree: Path, cmd: list[str], extra: list[str] | None = None) -> tuple[float, float, int, str]:
     """(wall s, CPU s of the child, exit code, stderr)."""
-    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(tree / "src"), os.environ.get("PYTHONPATH"))
+                                                     if p))
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: bytecode cached, not compiled on every start
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -71,7 +72,8 @@ def top_imports(stderr: str, n: int) -> list[tuple[float, str]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--before", help="an earlier commit to compare against (e.g. main before a change)")
+    ap.add_argument("--before", help="an earlier commit to compare against (e.g. main before a change), or a "
+                    "directory holding such a tree")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--importtime", action="store_true", help="also list the slowest top-level imports per tree")
     ap.add_argument("cmd", nargs="*", help="specdeploy arguments (after --); default: preflight -i inventory/example")
@@ -83,7 +85,9 @@ def main() -> int:
                            text=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="specdeploy-bench-") as tmp:
         trees = {f"this tree ({head}{'+changes' if dirty else ''})": REPO}
-        if a.before:
+        if a.before and Path(a.before).is_dir():  # an exported tree (a machine without the repository's history)
+            trees[f"before ({Path(a.before).name})"] = Path(a.before).resolve()
+        elif a.before:
             trees[f"before ({commit_of(a.before)})"] = export(a.before, Path(tmp) / "before")
         for tree in trees.values():  # bytecode caches, and a check that the command runs at all
             _, _, rc, err = run_once(tree, cmd)
