@@ -41,7 +41,10 @@ def shell_scripts() -> list[str]:
             continue
         with open(REPO / f, "rb") as fh:
             first = fh.readline(200)
-        if first.startswith(b"#!") and first.split(b"/")[-1].split()[-1] in (b"sh", b"bash"):
+        words = first[2:].split() if first.startswith(b"#!") else []
+        if words and Path(words[0].decode(errors="replace")).name == "env":
+            words = [w for w in words[1:] if not w.startswith(b"-")]
+        if words and Path(words[0].decode(errors="replace")).name in ("sh", "bash"):
             out.append(f)
     return out
 
