@@ -100,8 +100,8 @@ def _docker_run(argv):
 def test_gpu_flags_follow_the_hardware_profile():
     from specdeploy.render import render_host
     gpu = render_host("h", _hv())
-    opts, image, _ = _docker_run(re.search(r"^ExecStart=(.*)$", gpu.files["/etc/systemd/system/specdeploy-vllm.service"],
-                                           re.M).group(1).replace('"', "").split())
+    unit = gpu.files["/etc/systemd/system/specdeploy-vllm.service"]
+    opts, image, _ = _docker_run(re.search(r"^ExecStart=(.*)$", unit, re.M).group(1).replace('"', "").split())
     assert ("--gpus", "all") in opts and image == gpu.image
     none = render_host("h", _hv(specdeploy_sandbox=True))  # a host without GPUs
     unit = none.files["/etc/systemd/system/specdeploy-vllm.service"]

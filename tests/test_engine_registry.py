@@ -173,7 +173,8 @@ def test_simulator_plays_the_third_engine_and_the_exporter_reads_it(toyserve):
         rate = got["specdeploy_spec_acceptance_rate"].samples[0].value
         al = got["specdeploy_spec_acceptance_length"].samples[0].value
         assert 0.55 < rate < 0.95 and 2.5 < al < 4.0  # alpha 0.8 at k=3
-        assert [s.labels["position"] for s in got["specdeploy_spec_position_acceptance_rate"].samples] == ["0", "1", "2"]
+        positions = got["specdeploy_spec_position_acceptance_rate"].samples
+        assert [s.labels["position"] for s in positions] == ["0", "1", "2"]
     finally:
         p.terminate()
         out, err = p.communicate(timeout=10)

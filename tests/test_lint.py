@@ -61,6 +61,10 @@ def assert_clean(r: subprocess.CompletedProcess, what: str):
     assert r.returncode == 0, f"{what} found problems:\n{r.stdout}{r.stderr}"
 
 
+def test_ruff():
+    assert_clean(run([tool("ruff"), "check", "--no-cache", "."]), "ruff (config: pyproject.toml [tool.ruff])")
+
+
 def test_yamllint():
     assert_clean(run([tool("yamllint"), "-s", "-c", ".yamllint", "."]), "yamllint (config: .yamllint)")
 

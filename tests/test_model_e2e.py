@@ -125,7 +125,8 @@ def fleet(tmp_path_factory):
         "specdeploy_engines": {"hosts": {"gpu-a": {"ansible_host": A}, "gpu-b": {"ansible_host": B}}},
         "specdeploy_monitoring": {"hosts": {"mon-1": {"ansible_host": A}}}}}}))
     (inv / "group_vars" / "all.yml").write_text(yaml.safe_dump({  # mon-1 too: a sandbox host reaches no mirror
-        "specdeploy_sandbox": True, "ansible_user": "root", "ansible_ssh_private_key_file": str(key), "ansible_python_interpreter": "/usr/bin/python3",
+        "specdeploy_sandbox": True, "ansible_user": "root", "ansible_ssh_private_key_file": str(key),
+        "ansible_python_interpreter": "/usr/bin/python3",
         "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"}))
     gv = inv / "group_vars" / "specdeploy_engines.yml"
     gv.write_text(gv.read_text() + yaml.safe_dump({  # sandbox hosts: no GPUs, the engine simulator serves

@@ -51,21 +51,27 @@ def test_promtool_check_and_unit_tests(tmp_path):
                   "exp_alerts": [{"exp_labels": {"severity": "warning", "host": "gpu-a"},
                                   "exp_annotations": {
                                       "summary": "Speculative acceptance length 1.45 on gpu-a",
-                                      "description": "Below 2.0 for 15 minutes: a misconfigured or off-distribution drafter (public Kimi drafters reach 2.4-3.4 at k=3). Run `specdeploy drafter check`."}}]},
+                                      "description": "Below 2.0 for 15 minutes: a misconfigured or off-distribution "
+                                                     "drafter (public Kimi drafters reach 2.4-3.4 at k=3). Run "
+                                                     "`specdeploy drafter check`."}}]},
                  {"eval_time": "14m", "alertname": "SpecdeployLowAcceptanceLength", "exp_alerts": []},
                  {"eval_time": "0m", "alertname": "SpecdeploySpeculationSlowerThanNone",
                   "exp_alerts": [{"exp_labels": {"severity": "critical", "host": "gpu-a", "concurrency": "8"},
                                   "exp_annotations": {
                                       "summary": "Speculation runs at 0.66x of no speculation on gpu-a (concurrency 8)",
-                                      "description": "The speculation gate measured a net slowdown. Apply its verdict (deploy with specdeploy_spec_gate) or disable speculation."}}]},
+                                      "description": "The speculation gate measured a net slowdown. Apply its "
+                                                     "verdict (deploy with specdeploy_spec_gate) or disable "
+                                                     "speculation."}}]},
                  {"eval_time": "6m", "alertname": "SpecdeployEngineDown",
                   "exp_alerts": [{"exp_labels": {"severity": "critical", "host": "gpu-a", "job": "specdeploy_engine"},
                                   "exp_annotations": {
                                       "summary": "Engine on gpu-a stopped answering /metrics",
-                                      "description": "It was up within the last 1h. Run `specdeploy triage --journal specdeploy-<engine>.service` on the host."}}]},
+                                      "description": "It was up within the last 1h. Run `specdeploy triage "
+                                                     "--journal specdeploy-<engine>.service` on the host."}}]},
                  {"eval_time": "62m", "alertname": "SpecdeployEngineNotReady",
                   "exp_alerts": [{"exp_labels": {"severity": "critical", "host": "gpu-c", "job": "specdeploy_engine"},
-                                  "exp_annotations": {"summary": "Engine on gpu-c has not been ready for 1h (the deploy timeout)"}}]},
+                                  "exp_annotations": {
+                                      "summary": "Engine on gpu-c has not been ready for 1h (the deploy timeout)"}}]},
                  {"eval_time": "6m", "alertname": "SpecdeployKVCacheNearFull",
                   "exp_alerts": [{"exp_labels": {"severity": "warning", "host": "gpu-a"},
                                   "exp_annotations": {"summary": "KV cache 97% full on gpu-a"}}]},

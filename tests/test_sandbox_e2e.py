@@ -213,7 +213,8 @@ def test_engine_switch_vllm_to_sglang(inv):
                           "specdeploy_spec_num_tokens=4")
     assert rc == 0, out[-3000:]
     for h in (H1, H2):
-        assert ssh(h, "test -e /etc/systemd/system/specdeploy-vllm.service && echo present || echo gone").strip() == "gone"
+        unit = "/etc/systemd/system/specdeploy-vllm.service"
+        assert ssh(h, f"test -e {unit} && echo present || echo gone").strip() == "gone"
         assert ssh(h, "systemctl is-active specdeploy-sglang").strip() == "active"
         urllib.request.urlopen(f"http://{h}:8000/health_generate", timeout=30)  # same port, SGLang semantics
         metrics = urllib.request.urlopen(f"http://{h}:9450/metrics", timeout=10).read().decode()

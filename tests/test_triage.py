@@ -194,8 +194,8 @@ def test_silent_kill_is_named_and_the_kernel_log_is_its_evidence():
     assert res.outcome == "killed" and "SIGKILL" in res.root_cause and res.signature is None
     assert "journalctl -k" in res.next_step
     kernel = ["2026-02-21T19:48:13+0000 gpu-a kernel: python3 invoked oom-killer: gfp_mask=0x140cca, order=0",
-              ("2026-02-21T19:48:13+0000 gpu-a kernel: Out of memory: Killed process 4100 (python3) total-vm:2119912kB, "
-              "anon-rss:1802400000kB, file-rss:0kB")]
+              ("2026-02-21T19:48:13+0000 gpu-a kernel: Out of memory: Killed process 4100 (python3) "
+               "total-vm:2119912kB, anon-rss:1802400000kB, file-rss:0kB")]
     res = triage_lines(unit, kernel)
     assert res.outcome == "killed" and res.signature == "host-oom-killer" and res.confidence == "high"
     assert any("Killed process 4100" in e["text"] for e in res.evidence)
@@ -253,11 +253,13 @@ def test_readme_examples_are_the_real_output(repo):
 
 
 def test_a_journal_across_restarts_is_triaged_by_its_latest_run():
-    old = ["Started specdeploy-vllm.service - vLLM.", ("(APIServer pid=7) INFO 02-20 10:00:00 [api_server.py:1] vLLM API "
-           "server version 0.16.0"), "Traceback (most recent call last):", '  File "/x/api_server.py", line 5, in run',
+    old = ["Started specdeploy-vllm.service - vLLM.",
+           "(APIServer pid=7) INFO 02-20 10:00:00 [api_server.py:1] vLLM API server version 0.16.0",
+           "Traceback (most recent call last):", '  File "/x/api_server.py", line 5, in run',
            "OSError: [Errno 98] Address already in use"]
-    new = ["Started specdeploy-vllm.service - vLLM.", ("(APIServer pid=9) INFO 02-21 10:00:00 [api_server.py:1] vLLM API "
-           "server version 0.16.0")] + crash_log("vllm", "0.16.0", "/m", 3, 2).splitlines()
+    new = ["Started specdeploy-vllm.service - vLLM.",
+           "(APIServer pid=9) INFO 02-21 10:00:00 [api_server.py:1] vLLM API server version 0.16.0"]
+    new += crash_log("vllm", "0.16.0", "/m", 3, 2).splitlines()
     assert triage_lines(old + new).signature == "kimi-image-token-index"
     # the latest run shows nothing yet (still loading): the previous run's ending is the answer
     assert triage_lines(old + new + ["Started specdeploy-vllm.service - vLLM.", "Loading weights 10%"]).signature \
@@ -290,10 +292,15 @@ def test_triage_unknown_failure_is_verbatim(repo):
 
 
 @pytest.mark.parametrize("line,sig", [
-    ("ValueError: Eagle3 is only supported for ['llama', 'qwen', 'minicpm', 'gpt_oss'] models. Got kimi_k2", "eagle3-target-whitelist"),
-    ("TypeError: SchedulerConfig.__init__() missing 1 required keyword-only argument: 'is_encoder_decoder'", "scheduler-is-encoder-decoder"),
-    ("ValueError: Loading /shared/kimi-k2.5-int4 requires you to execute the configuration file in that repo on your local machine. Make sure you have read the code there to avoid malicious use, then set the option `trust_remote_code=True` to remove this error.", "trust-remote-code"),
-    ("ValueError: Model KimiK25ForConditionalGeneration does not support EAGLE3 hidden state capture (supports_eagle3 is False)", "speculators-supports-eagle3"),
+    ("ValueError: Eagle3 is only supported for ['llama', 'qwen', 'minicpm', 'gpt_oss'] models. Got kimi_k2",
+     "eagle3-target-whitelist"),
+    ("TypeError: SchedulerConfig.__init__() missing 1 required keyword-only argument: 'is_encoder_decoder'",
+     "scheduler-is-encoder-decoder"),
+    ("ValueError: Loading /shared/kimi-k2.5-int4 requires you to execute the configuration file in that repo on your "
+     "local machine. Make sure you have read the code there to avoid malicious use, then set the option "
+     "`trust_remote_code=True` to remove this error.", "trust-remote-code"),
+    ("ValueError: Model KimiK25ForConditionalGeneration does not support EAGLE3 hidden state capture "
+     "(supports_eagle3 is False)", "speculators-supports-eagle3"),
 ])
 def test_triage_signatures(line, sig):
     p = "(Worker_TP0 pid=1) ERROR 02-21 20:16:57 [multiproc_executor.py:863] "

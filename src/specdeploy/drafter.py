@@ -355,7 +355,8 @@ def _check_shapes(d: Drafter, rep: Report):
         rep.add("error", "fc.weight", "missing", "the drafter checkpoint must contain fc.weight")
     elif len(shape) == 2 and shape[1] == 4 * th:
         rep.add("error", "fc.weight", f"shape {list(shape)} fuses 4 hidden states; EAGLE-3 engines build fc "
-                f"for 3 (expected [{h}, {3 * th}])", "retrain/export without the final-layer state in fc (3 aux layers)")
+                f"for 3 (expected [{h}, {3 * th}])",
+                "retrain/export without the final-layer state in fc (3 aux layers)")
     elif tuple(shape) != (h, 3 * th):
         rep.add("error", "fc.weight", f"shape {list(shape)}, expected [{h}, {3 * th}]",
                 "export the drafter for this target's hidden size")
@@ -466,7 +467,8 @@ def _check_eos(ids: set[int], t: TargetModel, rep: Report):
     stops = eot or eos  # without tokenizer files every stop id of the target counts as an end of turn
     if not stops:
         return
-    label = lambda xs: ", ".join(f"{x} {names[x]!r}" if x in names else str(x) for x in sorted(xs))
+    def label(xs) -> str:
+        return ", ".join(f"{x} {names[x]!r}" if x in names else str(x) for x in sorted(xs))
     if not stops & ids:
         rep.add("error", "d2t", f"no end-of-turn token of the target ({label(stops)}) is in the draft "
                 "vocabulary: drafts never propose the end of a turn", "rebuild d2t with the chat template's "

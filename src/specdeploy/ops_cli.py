@@ -132,7 +132,8 @@ def register(app: typer.Typer):
                  concurrency: str = typer.Option("1,8,32", "--concurrency"),
                  requests: Optional[int] = typer.Option(None, "--requests", help="per level; default 4 x c, >= 16"),
                  max_tokens: int = typer.Option(128, "--max-tokens"),
-                 baseline: Optional[Path] = typer.Option(None, "--baseline", help="report of a run without speculation"),
+                 baseline: Optional[Path] = typer.Option(None, "--baseline",
+                                                         help="report of a run without speculation"),
                  k: Optional[int] = typer.Option(None, "--k", help="draft tokens deployed (default: from metrics)"),
                  margin: float = typer.Option(0.10, "--margin"),
                  api_key_file: Optional[Path] = typer.Option(None, "--api-key-file"),
@@ -191,9 +192,10 @@ def register(app: typer.Typer):
                 print(f"c={lv['concurrency']:<4} failed {lv.get('errors', 0)}/{lv.get('requests')}  "
                       f"tok/s {lv['output_tps']:8.1f}  AL {al and round(al, 2)}  "
                       f"accept {lv.get('acceptance_rate') and round(lv['acceptance_rate'], 2)}  "
-                      f"speedup {sp and round(sp, 2)}  break-even AL {lv.get('breakeven_al') and round(lv['breakeven_al'], 2)}")
-            print(f"verdict: {report.get('verdict')} {('k=' + str(report['recommended_k'])) if report.get('recommended_k') else ''}"
-                  f" - {report.get('reason')}")
+                      f"speedup {sp and round(sp, 2)}  "
+                      f"break-even AL {lv.get('breakeven_al') and round(lv['breakeven_al'], 2)}")
+            k_rec = ("k=" + str(report["recommended_k"])) if report.get("recommended_k") else ""
+            print(f"verdict: {report.get('verdict')} {k_rec} - {report.get('reason')}")
             print(f"wrote {out / 'report.json'} and {out / 'report.png'}")
         if report.get("refused"):  # no verdict: whoever applies verdicts keeps the previous one
             print(f"gate refused to decide: {report['refused']}", file=sys.stderr)

@@ -338,7 +338,6 @@ def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = DEFAULT_
     """inventory/sandbox: the hosts above as engine hosts (the first also runs the router and Prometheus).
     ``docker`` (the production runtime) runs the engine image built on each host; ``venv`` the host venv."""
     key, _ = keypair()
-    repo = Path(__file__).resolve().parents[2]
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "group_vars").mkdir(exist_ok=True)
     inv = {"all": {"children": {

@@ -264,7 +264,8 @@ def semantic_problems(host: str, hv: HostVars) -> list[Finding]:
         out.append(Finding("error", "specdeploy_tensor_parallel_size",
                            f"TP {hv.tp} is larger than the {prof.gpu_count} GPUs of profile {prof.name}",
                            f"set specdeploy_tensor_parallel_size to at most {prof.gpu_count}", host))
-    if hv.specdeploy_spec_enabled and hv.specdeploy_spec_method in ("eagle3", "eagle") and not hv.specdeploy_drafter_path:
+    if (hv.specdeploy_spec_enabled and hv.specdeploy_spec_method in ("eagle3", "eagle")
+            and not hv.specdeploy_drafter_path):
         out.append(Finding("error", "specdeploy_drafter_path",
                            f"speculation is enabled with method {hv.specdeploy_spec_method} but no drafter is set",
                            "set specdeploy_drafter_path, or specdeploy_spec_enabled: false", host))
@@ -289,7 +290,8 @@ def source_problems(host: str, hv: HostVars) -> list[Finding]:
     for kind, mode in kinds:
         var = f"specdeploy_{kind}_source" if kind == "model" or hv.specdeploy_drafter_source else \
             "specdeploy_model_source"
-        need = {"controller": f"specdeploy_{kind}_controller_path", "shared": f"specdeploy_{kind}_shared_path"}.get(mode)
+        need = {"controller": f"specdeploy_{kind}_controller_path",
+                "shared": f"specdeploy_{kind}_shared_path"}.get(mode)
         if need and not getattr(hv, need):
             out.append(Finding("error", need, f"{var} is {mode} but {need} is not set",
                                f"set {need} to the full {kind} checkpoint, or {var}: host when the weights are "

@@ -294,7 +294,8 @@ SIGNATURES = [
     ("port-in-use", MEDIUM, re.compile(r"(?i)\[Errno 98\] Address already in use|EADDRINUSE|address already in use"),
      ("Another process holds the port (often the previous engine still shutting down): find it with "
      "`ss -ltnp | grep <port>`, stop it or pick another specdeploy_port.")),
-    ("kv-cache-no-memory", HIGH, re.compile(r"No available memory for the cache blocks|Insufficient memory for KV cache|"
+    ("kv-cache-no-memory", HIGH, re.compile(r"No available memory for the cache blocks|"
+                                            r"Insufficient memory for KV cache|"
                                             r"larger than the maximum number of tokens that can be stored in KV cache|"
                                             r"Not enough memory\. Please try to increase --mem-fraction-static|"
                                             r"larger than the available KV cache memory"),
@@ -319,14 +320,16 @@ SIGNATURES = [
      "--mem-fraction-static.")),
 ]
 OOM_FIX = {
-    "weights": "The weights do not fit in GPU memory at this tensor-parallel size: raise specdeploy_tensor_parallel_size,"
-               " use a quantized checkpoint, or free the GPUs (nvidia-smi: is another process holding memory?).",
+    "weights": "The weights do not fit in GPU memory at this tensor-parallel size: raise "
+               "specdeploy_tensor_parallel_size, use a quantized checkpoint, or free the GPUs (nvidia-smi: is another "
+               "process holding memory?).",
     "kv-cache": "The KV-cache allocation ran out of GPU memory: lower specdeploy_gpu_memory_utilization (vLLM) / "
                 "--mem-fraction-static (SGLang) or max_model_len.",
     "sampler-warmup": "The sampler warm-up ran out of memory: lower max_num_seqs (it allocates logits for max_num_seqs"
                       " x vocab) or specdeploy_gpu_memory_utilization.",
     "cuda-graph": "CUDA-graph capture ran out of memory: lower the captured batch sizes (--cuda-graph-max-bs / "
-                  "max_cudagraph_capture_size) or the memory fraction; --enforce-eager / --disable-cuda-graph confirms.",
+                  "max_cudagraph_capture_size) or the memory fraction; --enforce-eager / --disable-cuda-graph "
+                  "confirms.",
     "profile": "The memory-profiling forward pass (a full batch of max_num_batched_tokens) ran out of memory: lower "
                "max_num_batched_tokens / max_model_len or the memory fraction.",
     "runtime": "A rank ran out of GPU memory while serving: lower max_num_seqs / --max-running-requests or "

@@ -386,7 +386,8 @@ class SGLangSim(SimBehaviour):
 CRASH_TB = (
     '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2566, in run_scheduler_process\n'
     "    scheduler = Scheduler(\n"
-    '  File "/sgl-workspace/sglang/python/sglang/srt/model_executor/model_runner.py", line 1801, in init_device_graphs\n'
+    '  File "/sgl-workspace/sglang/python/sglang/srt/model_executor/model_runner.py", line 1801, '
+    'in init_device_graphs\n'
     "    self.graph_runner = graph_runners[self.device](self)\n"
     '  File "/sgl-workspace/sglang/python/sglang/srt/model_executor/cuda_graph_runner.py", line 381, in __init__\n'
     "    raise Exception(\n"

@@ -414,14 +414,18 @@ class VLLMSim(SimBehaviour):
                                 workers="\n".join(merged) + "\n")
 
 
-CRASH_LOG = """(EngineCore_DP0 pid={core}) INFO {ts} [core.py:97] Initializing a V1 LLM engine (v{version}) with config: model='{model}', speculative_config=SpeculativeConfig(method='eagle3', num_spec_tokens={k})
-{workers}(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866] EngineCore failed to start.
-(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866] Traceback (most recent call last):
-(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866]   File "/opt/venv/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 857, in run_engine_core
-(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866]     engine_core = EngineCoreProc(*args, **kwargs)
-(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866] Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
-RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{'EngineCore_DP0': 1}}
-"""
+CRASH_LOG = (
+    "(EngineCore_DP0 pid={core}) INFO {ts} [core.py:97] Initializing a V1 LLM engine (v{version}) with config: "
+    "model='{model}', speculative_config=SpeculativeConfig(method='eagle3', num_spec_tokens={k})\n"
+    "{workers}(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866] EngineCore failed to start.\n"
+    "(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866] Traceback (most recent call last):\n"
+    "(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866]   File "
+    "\"/opt/venv/lib/python3.12/site-packages/vllm/v1/engine/core.py\", line 857, in run_engine_core\n"
+    "(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866]     engine_core = EngineCoreProc(*args, **kwargs)\n"
+    "(EngineCore_DP0 pid={core}) ERROR {ts} [core.py:866] Exception: WorkerProc initialization failed due to an "
+    "exception in a background process. See stack trace for root cause.\n"
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+    "{{'EngineCore_DP0': 1}}\n")
 
 
 class _VLLMSimMetrics:

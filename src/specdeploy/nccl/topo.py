@@ -24,8 +24,8 @@ class Topology:
 
 
 def parse_topo_matrix(text: str) -> Topology:
-    lines = [l.rstrip() for l in text.splitlines() if l.strip()]
-    header = next((l for l in lines if re.match(r"^\s*GPU0\b", l)), None)
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    header = next((line for line in lines if re.match(r"^\s*GPU0\b", line)), None)
     if header is None:
         raise ValueError("not an `nvidia-smi topo -m` matrix: no GPU0 header")
     cols = header.split()

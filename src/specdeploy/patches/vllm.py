@@ -209,7 +209,7 @@ def _insert_methods(text: str, cls_name: str, before: str, methods: str, file: s
     first = anchor.decorator_list[0].lineno if anchor.decorator_list else anchor.lineno
     lines = _lines(text)
     ind = _indent(lines[anchor.lineno - 1])
-    block = "".join((ind + l if l.strip() else l) for l in _lines(methods)) + "\n"
+    block = "".join((ind + line if line.strip() else line) for line in _lines(methods)) + "\n"
     lines.insert(first - 1, block)
     return "".join(lines)
 
