@@ -117,6 +117,28 @@ def test_second_run_changes_nothing(inv):
     assert recap and all(v["changed"] == 0 for v in recap.values()), recap
 
 
+def _host_state(h: str) -> str:
+    """Every file specdeploy manages on a host (path, size, mtime) and the engine's main PID."""
+    return ssh(h, "find /etc/systemd/system -maxdepth 1 -name 'specdeploy*'; "
+                  "find /etc/specdeploy /var/lib/specdeploy /opt/specdeploy/wheelhouse -maxdepth 3 "
+                  "-printf '%p %s %T@\\n' 2>/dev/null | sort; systemctl show -p MainPID specdeploy-vllm")
+
+
+def test_check_diff_shows_a_changed_variable_and_changes_nothing(inv):
+    before = {h: _host_state(h) for h in (H1, H2)}
+    cmd = ["ansible-playbook", "-i", str(inv), str(REPO / "ansible" / "deploy.yml"), "--check", "--diff",
+           "-e", "specdeploy_max_model_len=4096"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1200)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    # the new command line shows as a diff of the files the release would install
+    assert re.search(r"^\+.*max-model-len.*4096", out, re.M), out[-4000:]
+    assert "--check: specdeploy-vllm.service would restart onto release" in out
+    for h in (H1, H2):
+        assert _host_state(h) == before[h]
+    assert chat(f"http://{H1}:8000")["choices"]
+
+
 def test_rolling_deploy_under_load_loses_no_request(inv):
     stop = threading.Event()
     stats = {"ok": 0, "failed": 0, "errors": []}
