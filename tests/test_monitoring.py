@@ -31,6 +31,8 @@ def test_promtool_check_and_unit_tests(tmp_path):
     subprocess.run(["promtool", "check", "rules", str(rules)], check=True, capture_output=True)
     tests = {
         "rule_files": [str(rules)], "evaluation_interval": "1m",
+        # recording rules before the alerts that read them (promtool orders only the groups named here)
+        "group_eval_order": ["specdeploy.recording", "specdeploy.alerts"],
         "tests": [
             {"interval": "1m",
              "input_series": [
