@@ -6,7 +6,7 @@ SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 if command -v apt-get >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   need=()
-  for pkg in prometheus debootstrap systemd-container iproute2 rsync openssh-client; do
+  for pkg in prometheus debootstrap systemd-container iproute2 rsync openssh-client gpg; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
   done
   if [ ${#need[@]} -gt 0 ]; then

@@ -124,8 +124,7 @@ def test_scrape_config_targets_the_exporters_ports():
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
     """An armored file with three keys: usable, expired (made in 2020, valid one day) and revoked."""
-    if shutil.which("gpg") is None:
-        pytest.skip("needs gpg")
+    assert shutil.which("gpg"), "gpg is missing: bash scripts/setup.sh installs it (Debian package gpg)"
     home = tmp_path_factory.mktemp("gnupg")
     os.chmod(home, 0o700)
     env = dict(os.environ, GNUPGHOME=str(home))
