@@ -149,7 +149,8 @@ def keys(tmp_path_factory):
     bundle.write_bytes(gpg("--armor", "--export").stdout)
     shown = subprocess.run(["gpg", "--show-keys", "--with-colons", str(bundle)], env=env, check=True,
                            capture_output=True, text=True).stdout
-    return fprs, shown
+    yield fprs, shown
+    subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env, check=False)  # no agent left behind
 
 
 def test_pinned_usable_key_passes(keys):
