@@ -141,6 +141,17 @@ class EngineAdapter:
         ``disable_custom_all_reduce``) unless the inventory sets them."""
         return {}
 
+    @staticmethod
+    def pcie_defaults(profile, sm120_attention_backend: str) -> dict[str, object]:
+        """What both pinned engines need on PCIe hosts: no custom all-reduce (it needs P2P that PCIe hosts often
+        lack or slow down), and on SM120 an explicit attention backend (the default MLA kernels are SM90/SM100
+        only)."""
+        if profile.interconnect != "pcie":
+            return {}
+        if profile.compute_capability.startswith("12."):
+            return {"attention_backend": sm120_attention_backend, "disable_custom_all_reduce": True}
+        return {"disable_custom_all_reduce": True}
+
     def patch_ids(self) -> tuple[str, ...]:
         """The patches this release needs (applied in the image build; see specdeploy.patches)."""
         return ()

@@ -239,13 +239,7 @@ class SGLang(EngineAdapter):
         return Command(argv=argv, env={}, secret_env={}, credential=credential)
 
     def profile_defaults(self, profile) -> dict[str, object]:
-        # PCIe: the custom all-reduce is off; SM120 needs an explicit backend (SGLang may otherwise pick an
-        # SM90/SM100-only MLA kernel).
-        if profile.interconnect != "pcie":
-            return {}
-        if profile.compute_capability.startswith("12."):
-            return {"attention_backend": "flashinfer", "disable_custom_all_reduce": True}
-        return {"disable_custom_all_reduce": True}
+        return self.pcie_defaults(profile, "flashinfer")
 
     def preflight(self, hv, target, drafter_fmt, rep, host) -> None:
         spec = hv.specdeploy_spec_enabled

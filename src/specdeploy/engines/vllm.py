@@ -270,13 +270,7 @@ class VLLM(EngineAdapter):
         return Command(argv=argv, env=env, secret_env=secret)
 
     def profile_defaults(self, profile) -> dict[str, object]:
-        # PCIe: the custom all-reduce is off (it needs P2P that PCIe hosts often lack or slow down); SM120 needs
-        # the Triton MLA backend (the FlashMLA/CUTLASS MLA kernels are SM90/SM100 only).
-        if profile.interconnect != "pcie":
-            return {}
-        if profile.compute_capability.startswith("12."):
-            return {"attention_backend": "TRITON_MLA", "disable_custom_all_reduce": True}
-        return {"disable_custom_all_reduce": True}
+        return self.pcie_defaults(profile, "TRITON_MLA")
 
     def patch_ids(self) -> tuple[str, ...]:
         return () if self.has("kimi_eagle3_upstream") else KIMI_EAGLE3_PATCHES
