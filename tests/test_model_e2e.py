@@ -237,18 +237,25 @@ def test_controller_copy_killed_mid_transfer_resumes_while_the_old_copy_serves(f
     inv, src = fleet["inv"], fleet["src"] / "kimi-k2.5-int4"
     old = ssh(B, f"readlink {B_MODEL}").strip()
     write_model(src, CONFIG, shards=3, random_bytes=24 << 20, hole_bytes=4 << 20, seed=2)  # new weights
+    # 2 MB/s: the 84 MB copy takes about 40 s, so a poll every half second (however slow ssh is on a loaded
+    # machine) sees the partial copy pass 16 MB long before it ends.
     cmd = ["ansible-playbook", "-i", str(inv), str(REPO / "ansible" / "deploy.yml"), "--limit", "gpu-b",
-           "-e", '{"model_store_rsync_args": ["--bwlimit=8m"]}']
-    p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
+           "-e", '{"model_store_rsync_args": ["--bwlimit=2m"]}']
+    log = fleet["root"] / "killed-deploy.log"
+    with log.open("w") as f:
+        p = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 900
     partial = "/srv/models/.kimi-k2.5-int4.specdeploy/*.partial"
-    while time.time() < deadline:
+    while True:
         got = ssh(B, f"du -sb --apparent-size {partial} 2>/dev/null | cut -f1; true").split()
         if got and int(got[0]) > (16 << 20):
             break
+        if p.poll() is not None or time.time() > deadline:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            pytest.fail(f"the copy never passed 16 MB (deploy rc {p.wait()}); its output ends:\n"
+                        + log.read_text()[-6000:])
         time.sleep(0.5)
-    else:
-        pytest.fail("the copy never started")
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     time.sleep(1)
