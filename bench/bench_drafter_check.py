@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from specdeploy.drafter import check
-from specdeploy.fixtures import write_drafter
+from specdeploy.testing.fixtures import write_drafter
 
 REPO = Path(__file__).resolve().parents[1]
 

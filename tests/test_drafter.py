@@ -9,7 +9,7 @@ import pytest
 
 from specdeploy.drafter import check, convert, is_convertible
 from specdeploy.errors import SpecdeployError
-from specdeploy.fixtures import drafter_config, write_drafter
+from specdeploy.testing.fixtures import drafter_config, write_drafter
 from specdeploy.safetensors_io import checkpoint_tensors
 
 
@@ -61,7 +61,7 @@ def test_trap_d2t_int32_and_duplicates_and_eos(tmp_path, target):
 
 
 def test_trap_t2d_disagrees(tmp_path, target):
-    from specdeploy.fixtures import drafter_tensors
+    from specdeploy.testing.fixtures import drafter_tensors
     from specdeploy.safetensors_io import write_sparse
     d = write_drafter(tmp_path / "d")
     specs, data = drafter_tensors()

@@ -19,7 +19,7 @@ from specdeploy.frontdoor import (HostRow, Run, Target, fleet_status, journal_li
 
 def _sim_lines(engine: str) -> list[str]:
     """The load lines the simulator prints (the same shapes the engines print)."""
-    r = subprocess.run([sys.executable, "-c", f"from specdeploy.simulator import load_progress; "
+    r = subprocess.run([sys.executable, "-c", f"from specdeploy.testing.simulator import load_progress; "
                         f"load_progress('{engine}', 0.2)"], capture_output=True, text=True, check=True)
     return r.stdout.splitlines()
 

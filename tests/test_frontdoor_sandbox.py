@@ -23,7 +23,7 @@ SLOW_LOAD = json.dumps({"specdeploy_engine_env": {"SPECDEPLOY_SIM_LOAD_SECONDS":
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    from specdeploy import sandbox
+    from specdeploy.testing import sandbox
     sandbox.down()
     hosts = sandbox.up(2)
     sandbox.artifacts()
@@ -75,7 +75,7 @@ def test_status_shows_the_fleet_within_5_seconds(fleet):
     for h in hosts:
         row = rows[h.name]
         assert row["reachable"] and row["up"] and row["engine"] == "vllm" and row["speculation"] == "on"
-        from specdeploy.sandbox import STATE
+        from specdeploy.testing.sandbox import STATE
         cur = subprocess.run(["ssh", "-i", str(STATE / "id_ed25519"), "-o", "StrictHostKeyChecking=no",
                               "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"root@{h.address}",
                               "cat /var/lib/specdeploy/current"], capture_output=True, text=True).stdout.strip()
@@ -100,7 +100,7 @@ def test_crash_on_load_shows_triage_inline(fleet, tmp_path):
 
 
 def test_unreachable_host_is_shown_within_seconds(fleet):
-    from specdeploy import sandbox
+    from specdeploy.testing import sandbox
     inv, hosts = fleet
     sandbox.stop_host(hosts[1])
     t0 = time.monotonic()

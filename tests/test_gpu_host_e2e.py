@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def inv(tmp_path_factory):
-    from specdeploy import sandbox
+    from specdeploy.testing import sandbox
     sandbox.down()
     hosts = sandbox.up(1)
     yield sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm"), hosts[0]
@@ -27,7 +27,7 @@ def inv(tmp_path_factory):
 
 
 def ssh(addr: str, cmd: str) -> subprocess.CompletedProcess:
-    from specdeploy.sandbox import STATE
+    from specdeploy.testing.sandbox import STATE
     return subprocess.run(["ssh", "-i", str(STATE / "id_ed25519"), "-o", "StrictHostKeyChecking=no", "-o",
                            "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"root@{addr}", cmd],
                           capture_output=True, text=True, timeout=60)

@@ -127,3 +127,12 @@ def test_engines_sit_below_the_schema(module):
         assert "specdeploy.engines" in reach
     else:
         assert "specdeploy.schema" not in reach
+
+
+def test_only_the_command_line_reaches_the_testing_package():
+    """specdeploy.testing (simulator, sandbox hosts, test checkpoints) is reached only by the commands that run it;
+    no domain module depends on it."""
+    graph = import_graph(SRC)
+    users = {m for m, deps in graph.items() if not m.startswith(PKG + ".testing")
+             and any(d == PKG + ".testing" or d.startswith(PKG + ".testing.") for d in deps)}
+    assert users and all(m == PKG + ".cli" or m.startswith(PKG + ".cli.") or m.endswith("_cli") for m in users), users

@@ -35,7 +35,7 @@ FAST = ["speculation_gate_concurrency=1,4", "speculation_gate_max_tokens=32"]
 
 
 def ssh(host: str, cmd: str, check: bool = True) -> str:
-    from specdeploy.sandbox import STATE
+    from specdeploy.testing.sandbox import STATE
     r = subprocess.run(["ssh", "-i", str(STATE / "id_ed25519"), "-o", "StrictHostKeyChecking=no", "-o",
                         "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"root@{host}", cmd],
                        capture_output=True, text=True, timeout=120, check=False)
@@ -45,7 +45,7 @@ def ssh(host: str, cmd: str, check: bool = True) -> str:
 
 
 def push(src: Path, host: str, dest: str):
-    from specdeploy.sandbox import STATE
+    from specdeploy.testing.sandbox import STATE
     ssh(host, f"mkdir -p {dest}")
     rsh = (f"ssh -i {STATE / 'id_ed25519'} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
            "-o LogLevel=ERROR")
@@ -102,8 +102,8 @@ def chat(host: str, timeout=30) -> str:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """Two bare hosts, gpu-a seeded with a model and a drafter, and the README's inventory copied and edited."""
-    from specdeploy import sandbox
-    from specdeploy.fixtures import drafter_config, write_drafter, write_model
+    from specdeploy.testing import sandbox
+    from specdeploy.testing.fixtures import drafter_config, write_drafter, write_model
     sandbox.down()
     sandbox.up(2)
     key, _ = sandbox.keypair()
@@ -233,7 +233,7 @@ def test_engine_switch_and_rollback_keep_the_weights(fleet):
 
 
 def test_controller_copy_killed_mid_transfer_resumes_while_the_old_copy_serves(fleet):
-    from specdeploy.fixtures import write_model
+    from specdeploy.testing.fixtures import write_model
     inv, src = fleet["inv"], fleet["src"] / "kimi-k2.5-int4"
     old = ssh(B, f"readlink {B_MODEL}").strip()
     write_model(src, CONFIG, shards=3, random_bytes=24 << 20, hole_bytes=4 << 20, seed=2)  # new weights

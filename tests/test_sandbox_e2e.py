@@ -33,7 +33,7 @@ ARCH = "9.0 10.0"
 @pytest.fixture(scope="module")
 def inv(tmp_path_factory):
     import yaml
-    from specdeploy import sandbox
+    from specdeploy.testing import sandbox
     sandbox.down()  # fresh hosts: the first deploy starts from bare Debian
     hosts = sandbox.up(2)
     sandbox.artifacts()
@@ -60,7 +60,7 @@ def play(inv: Path, *extra: str, playbook="deploy.yml", limit=None) -> tuple[int
 
 
 def ssh(host: str, cmd: str) -> str:
-    from specdeploy.sandbox import STATE
+    from specdeploy.testing.sandbox import STATE
     r = subprocess.run(["ssh", "-i", str(STATE / "id_ed25519"), "-o", "StrictHostKeyChecking=no", "-o",
                         "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"root@{host}", cmd],
                        capture_output=True, text=True, timeout=60)

@@ -15,9 +15,9 @@ import urllib.request
 import pytest
 
 from helpers import DRAFTER, MODEL, free_port, sim_argv, stop, wait_http
-from specdeploy import engine_facts
+from specdeploy.testing import engine_facts
 from specdeploy.engines import get_adapter
-from specdeploy.simulator import ArgError, parse_argv
+from specdeploy.testing.simulator import ArgError, parse_argv
 
 
 def _vllm(cfg: dict, *extra: str) -> list[str]:

@@ -14,7 +14,7 @@ import pytest
 from helpers import REPO
 
 from specdeploy import staging
-from specdeploy.fixtures import write_model
+from specdeploy.testing.fixtures import write_model
 
 CONFIG = json.loads((REPO / "examples/models/kimi-k2.5-int4/config.json").read_text())
 SCRIPT = REPO / "src/specdeploy/staging.py"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specdeploy.simulator import crash_log
+from specdeploy.testing.simulator import crash_log
 from specdeploy.triage import normalise, read_log, triage_files, triage_lines
 
 CORPUS = Path(__file__).parent / "data" / "triage"

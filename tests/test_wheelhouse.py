@@ -12,7 +12,7 @@ from pathlib import Path
 from specdeploy.wheelhouse import HOST_REQUIREMENTS
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "specdeploy"
-HOST_ENTRY = ["cli", "drafter_cli", "drafter", "exporter", "triage", "readiness", "simulator", "staging",
+HOST_ENTRY = ["cli", "drafter_cli", "drafter", "exporter", "triage", "readiness", "testing.simulator", "staging",
               "safetensors_io", "patch_cli", "ops_cli"]
 
 

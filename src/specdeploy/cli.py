@@ -161,7 +161,7 @@ def simulate_cmd(ctx: typer.Context, engine: str = typer.Option(..., "--engine")
     """Engine simulator for demos and tests: serves the engine's HTTP/metrics contract without a GPU.
     Usage: specdeploy simulate --engine vllm --version 0.16.0 -- vllm serve MODEL [flags]"""
     from .engines import UnsupportedVersion
-    from .simulator import run
+    from .testing.simulator import run
     try:
         code = run(engine, version, list(ctx.args))
     except UnsupportedVersion as exc:

@@ -26,7 +26,7 @@ def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
     """Boot N hosts (debootstrap cached), write an inventory pointing at them."""
     from rich.console import Console
 
-    from . import sandbox
+    from .testing import sandbox
     con = Console(stderr=True)
     if runtime not in ("docker", "venv"):
         print(f"ERROR --runtime: '{runtime}' Fix: use docker or venv", file=sys.stderr)
@@ -51,7 +51,7 @@ def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
 @sandbox_app.command("down")
 def down_cmd():
     """Stop every sandbox host and remove its network and overlay."""
-    from . import sandbox
+    from .testing import sandbox
     try:
         sandbox.down(progress=lambda m: print(m, file=sys.stderr))
     except SpecdeployError as exc:
@@ -60,6 +60,6 @@ def down_cmd():
 
 @sandbox_app.command("status")
 def status_cmd():
-    from . import sandbox
+    from .testing import sandbox
     for h in sandbox.hosts_from_state():
         print(f"{h.name}\t{h.address}\t{'running' if sandbox._pid(h) else 'stopped'}")

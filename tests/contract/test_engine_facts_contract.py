@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from specdeploy import engine_facts, upstream
+from specdeploy import upstream
+from specdeploy.testing import engine_facts
 
 from .upstream_facts import sglang_flags, vllm_flags, vllm_spec_keys
 
@@ -22,7 +23,7 @@ def test_recorded_facts_match_the_release(engine, version):
     fresh = engine_facts.extract(engine, root)
     rec = engine_facts.recorded(engine, version)
     assert {k: sorted(v) for k, v in rec.items()} == fresh, \
-        f"refresh: python -m specdeploy.engine_facts record {engine} {version}"
+        f"refresh: python -m specdeploy.testing.engine_facts record {engine} {version}"
     if engine == "vllm":
         assert rec["flags"] == vllm_flags(root) and rec["spec_keys"] == vllm_spec_keys(root)
         assert {"eagle3", "ngram"} <= rec["spec_methods"] and "bogus" not in rec["spec_methods"]

@@ -263,7 +263,7 @@ class SimReject(SystemExit):
 class SimBehaviour:
     """How the engine simulator (``specdeploy simulate``) plays one engine: its command line, the endpoints'
     engine-specific behaviour, its metrics and what it prints while loading or crashing. The simulator
-    (simulator.py) owns the HTTP server and the token generation; it asks this object for the rest."""
+    (testing/simulator.py) owns the HTTP server and the token generation; it asks this object for the rest."""
 
     argv_head: tuple[str, ...] = ()  # the program, e.g. ("vllm", "serve")
     positional_model: bool = False  # the model path follows the head as a positional argument

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .engines import DEFAULT as DEFAULT_ENGINE
-from .engines import get as get_engine
-from .errors import Finding, SpecdeployError
+from ..engines import DEFAULT as DEFAULT_ENGINE
+from ..engines import get as get_engine
+from ..errors import Finding, SpecdeployError
 
 CACHE = Path(os.environ.get("SPECDEPLOY_SANDBOX_CACHE", "/var/cache/specdeploy"))
 STATE = Path(os.environ.get("SPECDEPLOY_SANDBOX_STATE", "/var/lib/specdeploy-sandbox"))
@@ -388,6 +388,6 @@ def artifacts() -> Path:
     m = STATE / "artifacts" / "kimi-k2.5-int4"  # a small sharded checkpoint with Kimi's config
     if not (m / "model.safetensors.index.json").is_file():
         from .fixtures import write_model
-        repo = Path(__file__).resolve().parents[2]
+        repo = Path(__file__).resolve().parents[3]
         write_model(m, json.loads((repo / "examples/models/kimi-k2.5-int4/config.json").read_text()))
     return d
