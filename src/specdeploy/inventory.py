@@ -141,8 +141,19 @@ def _check_path(path: Path):
 
 
 def host_variables(path: Path, extra: dict[str, Any] | None = None):
-    """(inventory manager, {host: variables}) with every specdeploy_* value templated as Ansible would.
-    A host whose variables cannot be templated maps to the SpecdeployError instead."""
+    """(inventory, {host: variables}) with every specdeploy_* value templated as Ansible would.
+    A host whose variables cannot be templated maps to the SpecdeployError instead.
+    Static YAML inventories are read natively (inventory_native, the same answer without importing Ansible);
+    whatever that reader does not reproduce exactly is read through Ansible's own API."""
+    from .inventory_native import Unsupported, read
+    try:
+        return read(path, extra or {})
+    except Unsupported:
+        return ansible_host_variables(path, extra)
+
+
+def ansible_host_variables(path: Path, extra: dict[str, Any] | None = None):
+    """host_variables through Ansible's InventoryManager, VariableManager and Templar."""
     from ansible.template import Templar
     inv, vm = _ansible_load(path, extra or {})
     out: dict[str, Any] = {}
