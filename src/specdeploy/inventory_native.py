@@ -123,18 +123,18 @@ def _check_settings(cwd: Path) -> None:
             _fail(f"{cwd / d} (playbook-adjacent vars)")
 
 
-def _load_file(path: Path, try_json: bool = True) -> Any:
+def _load_file(path: Path) -> Any:
+    """As Ansible loads a file: JSON if it parses as JSON, else YAML."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         _fail(f"{path} cannot be read as text")
     if text.lstrip().startswith("$ANSIBLE_VAULT"):
         _fail(f"{path} is vault-encrypted")
-    if try_json:
-        try:
-            return json.loads(text)
-        except ValueError:
-            pass
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
     try:
         return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError:
@@ -144,8 +144,8 @@ def _load_file(path: Path, try_json: bool = True) -> Any:
 def _plain_data(obj: Any, where: Path) -> None:
     if isinstance(obj, dict):
         for k, v in obj.items():
-            if not isinstance(k, str):
-                _fail(f"{where}: non-string key {k!r}")
+            if not isinstance(k, str) or k.startswith("__ansible"):
+                _fail(f"{where}: key {k!r}")
             _plain_data(v, where)
     elif isinstance(obj, list):
         for v in obj:
@@ -189,7 +189,7 @@ class NativeInventory:
         return out
 
     def parse_file(self, path: Path) -> None:
-        data = _load_file(path, try_json=False)
+        data = _load_file(path)
         if not isinstance(data, dict) or not data or "plugin" in data:
             _fail(f"{path} is not a YAML inventory this reader takes")
         _plain_data(data, path)
