@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specdeploy import inventory_native, sandbox
+from specdeploy import inventory_native
+from specdeploy.testing import sandbox
 from specdeploy.errors import SpecdeployError
 from specdeploy.inventory import ansible_host_variables, host_variables
 from specdeploy.inventory_native import Unsupported
