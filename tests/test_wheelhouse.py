@@ -12,8 +12,8 @@ from pathlib import Path
 from specdeploy.wheelhouse import HOST_REQUIREMENTS
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "specdeploy"
-HOST_ENTRY = ["cli", "drafter_cli", "drafter", "exporter", "triage", "readiness", "testing.simulator", "staging",
-              "safetensors_io", "patch_cli", "ops_cli"]
+HOST_ENTRY = ["cli", "cli.host", "cli.drafter", "cli.patch", "cli.ops", "drafter", "exporter", "triage", "readiness",
+              "testing.simulator", "staging", "safetensors_io"]
 
 
 def _module_file(name: str) -> Path | None:

@@ -1,7 +1,7 @@
 """The operator's front door: deploy/rollback/verify through ansible-runner with one live row per host, the
 engine's load progress read from its log, and the fleet's status from the exporters and Prometheus.
 
-Everything here is independent of the terminal: ``frontdoor_cli.py`` draws it.
+Everything here is independent of the terminal: ``cli/frontdoor.py`` draws it.
 """
 from __future__ import annotations
 

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from .errors import SpecdeployError
+from ..errors import SpecdeployError
+from .options import ExtraVars, Inventory, Json, Limit, error, fail, inventory_optional
 
 if TYPE_CHECKING:  # rich is imported by the commands that draw, not when the CLI loads
     from rich.console import Console
@@ -26,17 +26,11 @@ def _console() -> Console:
     return c if c.is_terminal else Console(width=160)
 
 
-def _bad(exc: SpecdeployError):
-    for p in exc.problems:
-        print(p.line(), file=sys.stderr)
-    raise typer.Exit(2)
-
-
 def _rows_table(run, title: str) -> Table:
     from rich.markup import escape
     from rich.table import Table
 
-    from .frontdoor import fmt_s
+    from ..frontdoor import fmt_s
     t = Table(title=title, expand=False)
     for c in ("host", "phase", "progress", "elapsed", "result"):
         t.add_column(c)
@@ -67,23 +61,23 @@ def _triage_panel(row) -> Panel:
 
 def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Optional[List[str]],
               events: Optional[Path], skip_preflight: bool):
-    from .frontdoor import PLAYBOOKS, Run, run_playbook, targets
-    from .inventory import parse_extra_vars
+    from ..frontdoor import PLAYBOOKS, Run, run_playbook, targets
+    from ..inventory import parse_extra_vars
     out = _console()
     try:
         extra = parse_extra_vars(extra_vars)
         hosts, _ = targets(inventory, limit, extra)
     except SpecdeployError as exc:
-        _bad(exc)
+        fail(exc)
     if not hosts:
-        print(f"ERROR --limit: no engine host of {inventory} matches '{limit}'", file=sys.stderr)
-        raise typer.Exit(2)
+        error("--limit", f"no engine host of {inventory} matches '{limit}'",
+              "give hosts or groups of the inventory's specdeploy_engines group")
     if action == "deploy" and not skip_preflight:
-        from .preflight import preflight
+        from ..preflight import preflight
         try:
             reports = preflight(inventory, limit, extra)
         except SpecdeployError as exc:
-            _bad(exc)
+            fail(exc)
         for host, r in reports.items():
             out.print(f"preflight {host}: {'[green]OK[/]' if r.ok else f'[red]{len(r.errors)} error(s)[/]'}")
             for f in r.findings:
@@ -137,7 +131,7 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
 def _status_table(st: dict) -> Table:
     from rich.markup import escape
 
-    from .frontdoor import fmt_s  # noqa: F401
+    from ..frontdoor import fmt_s  # noqa: F401
     from rich.table import Table
     t = Table(title=f"fleet status ({time.strftime('%H:%M:%S', time.localtime(st['time']))}, prometheus: "
                     f"{st['prometheus'] or 'unreachable'})")
@@ -163,12 +157,10 @@ def _status_table(st: dict) -> Table:
 
 
 def register(app: typer.Typer):
-    inv_opt = typer.Option(..., "-i", "--inventory", help="Ansible inventory directory or file.")
     for action, doc in (("deploy", "Provision, build, deploy (+gate) and verify through Ansible, one row per host."),
                         ("rollback", "Roll every host back to its previous release."),
                         ("verify", "Check every engine answers a real generation.")):
-        def cmd(inventory: str = inv_opt, limit: Optional[str] = typer.Option(None, "--limit"),
-                extra_vars: Optional[List[str]] = typer.Option(None, "-e", "--extra-vars"),
+        def cmd(inventory: str = Inventory, limit: Optional[str] = Limit, extra_vars: Optional[List[str]] = ExtraVars,
                 events: Optional[Path] = typer.Option(None, "--events", help="JSON lines event log (default "
                                                       ".cache/runs/<time>-<action>/events.jsonl)"),
                 skip_preflight: bool = typer.Option(False, "--skip-preflight"), _action: str = typer.Option(
@@ -178,18 +170,18 @@ def register(app: typer.Typer):
         app.command(action)(cmd)
 
     @app.command("status")
-    def status_cmd(inventory: str = inv_opt, limit: Optional[str] = typer.Option(None, "--limit"),
+    def status_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
                    prometheus: Optional[str] = typer.Option(None, "--prometheus", help="default: the monitoring "
                                                             "host's :9090"),
-                   as_json: bool = typer.Option(False, "--json"), watch: bool = typer.Option(False, "--watch"),
+                   as_json: bool = Json, watch: bool = typer.Option(False, "--watch"),
                    interval: float = typer.Option(5.0, "--interval"),
                    timeout: float = typer.Option(2.0, "--timeout", help="per host and query, seconds")):
         """The fleet: up, engine, release, speculation, gate verdict, acceptance, tokens/s, TTFT, restarts."""
-        from .frontdoor import fleet_status, prometheus_urls, targets
+        from ..frontdoor import fleet_status, prometheus_urls, targets
         try:
             hosts, mon = targets(inventory, limit)
         except SpecdeployError as exc:
-            _bad(exc)
+            fail(exc)
         proms = prometheus_urls(mon, prometheus)
         out = _console()
         if watch and not as_json:
@@ -214,7 +206,7 @@ def register(app: typer.Typer):
         raise typer.Exit(0 if all(r["reachable"] and r.get("up") for r in st["hosts"]) else 1)
 
     @app.command("report")
-    def report_cmd(inventory: Optional[str] = typer.Option(None, "-i", "--inventory"),
+    def report_cmd(inventory: Optional[str] = inventory_optional(),
                    prometheus: Optional[str] = typer.Option(None, "--prometheus"),
                    range_: str = typer.Option("1h", "--range", help="30m, 1h, 6h, ..."),
                    nccl: Optional[Path] = typer.Option(None, "--nccl", help="`specdeploy nccl tune` result JSON, "
@@ -222,31 +214,29 @@ def register(app: typer.Typer):
                    layers: int = typer.Option(61, "--layers", help="decoder layers (Kimi-K2.5 / DeepSeek-V3: 61)"),
                    k: int = typer.Option(3, "--k", help="draft tokens per step"),
                    out: Path = typer.Option(Path("report.png"), "--out"),
-                   as_json: bool = typer.Option(False, "--json")):
+                   as_json: bool = Json):
         """Key dashboard panels as a PNG from Prometheus: acceptance length, speedup, tokens/s, all-reduce share."""
-        from .frontdoor import prometheus_urls, targets
-        from .preflight import parse_seconds
-        from .report import render
+        from ..frontdoor import prometheus_urls, targets
+        from ..preflight import parse_seconds
+        from ..report import render
         secs = parse_seconds(range_)
         if not secs:
-            print(f"ERROR --range: '{range_}' is not a duration like 30m or 1h", file=sys.stderr)
-            raise typer.Exit(2)
+            error("--range", f"'{range_}' is not a duration", "give a duration like 30m or 1h")
         if not prometheus and not inventory:
-            print("ERROR --prometheus: give --prometheus URL or -i INVENTORY (its monitoring host)", file=sys.stderr)
-            raise typer.Exit(2)
+            error("--prometheus", "no Prometheus given", "give --prometheus URL or -i INVENTORY (its monitoring host)")
         nccl_data = None
         if nccl:
+            from ..argcheck import read_json
             try:
-                nccl_data = json.loads(nccl.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                print(f"ERROR --nccl: {nccl}: {exc}", file=sys.stderr)
-                raise typer.Exit(2)
+                nccl_data = read_json(nccl, "--nccl", "a `specdeploy nccl tune` result JSON")
+            except SpecdeployError as exc:
+                fail(exc)
         urls = [prometheus] if prometheus else []
         if inventory:
             try:
                 urls = prometheus_urls(targets(inventory)[1], prometheus)
             except SpecdeployError as exc:
-                _bad(exc)
+                fail(exc)
         errors = []
         for url in urls:
             try:
@@ -255,7 +245,6 @@ def register(app: typer.Typer):
             except OSError as exc:
                 errors.append(f"{url}: {getattr(exc, 'reason', exc)}")
         else:
-            print(f"ERROR --prometheus: cannot query {'; '.join(errors) or 'no Prometheus'} "
-                  "Fix: check the monitoring host is up", file=sys.stderr)
-            raise typer.Exit(2)
+            error("--prometheus", f"cannot query {'; '.join(errors) or 'no Prometheus'}",
+                  "check the monitoring host is up")
         print(json.dumps(res, indent=2) if as_json else f"wrote {res['png']} from {res['prometheus']}")

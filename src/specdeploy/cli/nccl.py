@@ -2,32 +2,28 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from .options import Json, error, fail, inventory_optional
+
 nccl_app = typer.Typer(no_args_is_help=True, help="Measure and choose the NCCL environment.")
 
 
-def _die(msg: str):
-    print(f"ERROR {msg}", file=sys.stderr)
-    raise typer.Exit(2)
-
-
 def _hidden_from_config(path: Path) -> int:
-    from .argcheck import read_json_object
-    from .errors import SpecdeployError
+    from ..argcheck import read_json_object
+    from ..errors import SpecdeployError
     try:
         cfg = read_json_object(path / "config.json" if path.is_dir() else path, "--model",
                                "a model directory with a config.json")
         return int(cfg.get("text_config", cfg)["hidden_size"])
     except SpecdeployError as exc:
-        _die(exc.problems[0].line().removeprefix("ERROR "))
+        fail(exc)
     except (KeyError, TypeError, ValueError, AttributeError):
-        _die(f"--model: {path} has no integer hidden_size (nor text_config.hidden_size). Fix: give the model "
-             "directory, or --hidden N")
+        error("--model", f"{path} has no integer hidden_size (nor text_config.hidden_size)",
+              "give the model directory, or --hidden N")
 
 
 @nccl_app.command("tune")
@@ -49,28 +45,29 @@ def tune_cmd(gpus: int = typer.Option(2, "--gpus"), hidden: Optional[int] = type
     import yaml
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from . import nccl as n
-    from .nccl.tune import tune
+    from .. import nccl as n
+    from ..nccl.tune import tune
 
     if hidden is None:
         hidden = _hidden_from_config(model) if model else 7168
     cands = n.default_candidates(pcie=pcie)
     if candidates:
         if not candidates.is_file():
-            _die(f"--candidates: {candidates} does not exist")
+            error("--candidates", f"{candidates} does not exist", "give a YAML/JSON file: name -> env")
         loaded = yaml.safe_load(candidates.read_text())
         if not isinstance(loaded, dict) or not all(isinstance(v, dict) for v in loaded.values()):
-            _die(f"--candidates: {candidates} must map names to environment mappings")
+            error("--candidates", f"{candidates} must map names to environment mappings",
+                  "give a YAML/JSON file: name -> env")
         cands = {"default": {}, **{k: {kk: str(vv) for kk, vv in v.items()} for k, v in loaded.items()}}
     if only:
         names = only.split(",")
         unknown = [x for x in names if x not in cands]
         if unknown:
-            _die(f"--only: unknown candidates {unknown}; known: {', '.join(cands)}")
+            error("--only", f"unknown candidates {unknown}", f"use some of {', '.join(cands)}")
         cands = {k: v for k, v in cands.items() if k in names}
     bad = [kv for kv in base_env or [] if "=" not in kv]
     if bad:
-        _die(f"--base-env {bad[0]!r} is not KEY=VALUE")
+        error("--base-env", f"{bad[0]!r} is not KEY=VALUE", "give KEY=VALUE")
     base = dict(kv.split("=", 1) for kv in base_env or [])
     runs_per_round = len({"default", *cands}) + (1 if aa else 0)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -103,63 +100,66 @@ def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl
                hardware: Optional[str] = typer.Option(None, "--hardware", help="Hardware profile name."),
                custom_all_reduce: Optional[bool] = typer.Option(
                    None, "--custom-all-reduce/--no-custom-all-reduce", help="Default: the profile's."),
-               inventory: Optional[str] = typer.Option(None, "-i", "--inventory",
-                                                       help="Take engine, version, profile from this inventory."),
+               inventory: Optional[str] = inventory_optional("Take engine, version, profile from this inventory."),
                host: Optional[str] = typer.Option(None, "--host", help="Host in --inventory."),
                tuner_csv: Optional[Path] = typer.Option(None, "--tuner-csv"),
                write_host_vars: Optional[Path] = typer.Option(None, "--write-host-vars",
                                                               help="host_vars/HOST.yml to update"),
                chart: Optional[Path] = typer.Option(None, "--chart"),
-               as_json: bool = typer.Option(False, "--json")):
+               as_json: bool = Json):
     """Keep NCCL's default unless a candidate beats it consistently, beyond noise, on the traffic NCCL carries."""
     import yaml
     from rich.console import Console
     from rich.table import Table
 
-    from .nccl.choose import ChooseError, choose, evidence_lines, explain
-    from .nccl.traffic import TrafficError, traffic, traffic_for_host
+    from ..nccl.choose import ChooseError, choose, evidence_lines, explain
+    from ..nccl.traffic import TrafficError, traffic, traffic_for_host
 
+    from ..argcheck import read_json, read_text
+    from ..errors import SpecdeployError
     items = []
-    for path in results:
-        if not path.is_file():
-            _die(f"{path} does not exist")
-        try:
-            items.append((str(path), json.loads(path.read_text())))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            _die(f"{path}: not JSON ({exc})")
+    try:
+        for path in results:
+            items.append((str(path), read_json(path, "RESULTS", "`nccl tune` results files")))
+    except SpecdeployError as exc:
+        fail(exc)
     gpus = items[0][1].get("gpus") if isinstance(items[0][1], dict) else None
     tr = None
     try:
         if inventory or host:
             if not (inventory and host):
-                _die("-i/--inventory and --host go together")
-            from .errors import SpecdeployError
-            from .inventory import load
+                error("-i/--host", "-i/--inventory and --host go together", "give both, or neither")
+            from ..inventory import load
             try:
                 hv = load(inventory, limit=host).host(host).hv
             except SpecdeployError as exc:
-                _die(str(exc))
+                fail(exc)
             tr = traffic_for_host(hv, gpus)
         elif engine or engine_version or hardware:
             if not (engine and engine_version and hardware):
-                _die("--engine, --engine-version and --hardware go together")
+                error("--engine/--engine-version/--hardware", "--engine, --engine-version and --hardware go together",
+                      "give all three, or none")
             tr = traffic(engine, engine_version, hardware, gpus or 0, custom_all_reduce)
         ch = choose(items, mode, batch_mix, prefill_tolerance, min_gain=min_gain, min_rounds=min_rounds, traffic=tr)
     except (ChooseError, TrafficError) as exc:
-        _die(str(exc))
+        error("nccl choose", str(exc))
     except (KeyError, TypeError, ValueError) as exc:
-        _die(f"{', '.join(str(p) for p in results)}: malformed results ({type(exc).__name__}: {exc})")
+        error(', '.join(str(p) for p in results), f"malformed results ({type(exc).__name__}: {exc})",
+              "give `nccl tune` results files")
     if tuner_csv:
         tuner_csv.write_text("# colltype,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,"
                              "numPipeOps,regBuff\n" + "\n".join(ch.tuner_rows) + "\n")
     if write_host_vars:
         try:
-            cur = yaml.safe_load(write_host_vars.read_text()) if write_host_vars.exists() else {}
+            cur = yaml.safe_load(read_text(write_host_vars, "--write-host-vars", "a host_vars YAML file")) \
+                if write_host_vars.exists() else {}
+        except SpecdeployError as exc:
+            fail(exc)
         except yaml.YAMLError as exc:
-            _die(f"{write_host_vars}: not YAML ({exc}); fix or remove it")
+            error(f"--write-host-vars {write_host_vars}", f"not YAML ({exc})", "fix or remove it")
         cur = cur or {}
         if not isinstance(cur, dict):
-            _die(f"{write_host_vars}: expected a mapping of variables")
+            error(f"--write-host-vars {write_host_vars}", "expected a mapping of variables", "fix or remove it")
         cur["specdeploy_nccl_env"] = ch.env
         write_host_vars.parent.mkdir(parents=True, exist_ok=True)
         head = "".join(f"# {line}\n" for line in evidence_lines(ch))
@@ -168,7 +168,7 @@ def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl
                        + yaml.safe_dump(cur, sort_keys=True))
         tmp.replace(write_host_vars)
     if chart:
-        from .nccl.chart import choice_chart
+        from ..nccl.chart import choice_chart
         choice_chart(items, ch, chart)
     if as_json:
         print(json.dumps(ch.to_dict(), indent=2))
@@ -195,27 +195,28 @@ def topo_cmd(matrix: Path = typer.Option(None, "--matrix", help="Saved `nvidia-s
              cmdline: Optional[Path] = typer.Option(None, "--cmdline")):
     """Explain when P2P can or cannot be used on this host (reads live tools when no file is given)."""
     import subprocess
-    from .nccl.topo import explain, iommu_mode, parse_acs, parse_topo_matrix
+    from ..nccl.topo import explain, iommu_mode, parse_acs, parse_topo_matrix
 
     def read(path, cmd, option):
         if path:
-            from .argcheck import read_text
-            from .errors import SpecdeployError
+            from ..argcheck import read_text
+            from ..errors import SpecdeployError
             try:
                 return read_text(path, option, f"the saved output of `{' '.join(cmd)}`")
             except SpecdeployError as exc:
-                _die(exc.problems[0].line().removeprefix("ERROR "))
+                fail(exc)
         try:
             return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
         except (OSError, subprocess.SubprocessError):
             return ""
     text = read(matrix, ["nvidia-smi", "topo", "-m"], "--matrix")
     if not text.strip():
-        _die("no `nvidia-smi topo -m` output (no GPU here?); give --matrix FILE")
+        error("--matrix", "no `nvidia-smi topo -m` output (no GPU here?)", "give --matrix FILE")
     try:
         topo = parse_topo_matrix(text)
     except ValueError as exc:
-        _die(str(exc))
+        error(f"--matrix {matrix}" if matrix else "nvidia-smi topo -m", str(exc),
+              "give the saved output of `nvidia-smi topo -m`")
     acs = parse_acs(read(lspci, ["lspci", "-vvv"], "--lspci"))
     cl = read(cmdline, ["cat", "/proc/cmdline"], "--cmdline")
     for note in explain(topo, acs, iommu_mode(cl)):

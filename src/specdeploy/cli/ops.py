@@ -1,4 +1,4 @@
-"""``specdeploy preflight``, ``triage`` and ``breakeven``."""
+"""``specdeploy preflight``, ``triage``, ``breakeven`` and ``gate``."""
 from __future__ import annotations
 
 import json
@@ -9,32 +9,29 @@ from typing import List, Optional
 
 import typer
 
-from .engines import DEFAULT as DEFAULT_ENGINE
-from .errors import Finding, SpecdeployError
+from ..engines import DEFAULT as DEFAULT_ENGINE
+from ..errors import Finding, SpecdeployError
+from .options import ExtraVars, Inventory, Json, Limit, error, fail, known_engine
 
 
 def register(app: typer.Typer):
     @app.command("preflight")
-    def preflight_cmd(inventory: str = typer.Option(..., "-i", "--inventory"),
-                      limit: Optional[str] = typer.Option(None, "--limit"),
-                      extra_vars: Optional[List[str]] = typer.Option(None, "-e", "--extra-vars"),
-                      as_json: bool = typer.Option(False, "--json"),
+    def preflight_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
+                      extra_vars: Optional[List[str]] = ExtraVars, as_json: bool = Json,
                       hosts: bool = typer.Option(False, "--hosts", help="Read the hosts over SSH (read-only): "
                                                  "driver, GPUs, fabric manager, ACS, IOMMU, Docker.")):
         """Check everything knowable before the model load; change nothing. Exit 1 on any error."""
-        from .inventory import parse_extra_vars
-        from .preflight import preflight
+        from ..inventory import parse_extra_vars
+        from ..preflight import preflight
         t0 = time.perf_counter()
         try:
             if hosts:
-                from .hostfacts import preflight_hosts
+                from ..hostfacts import preflight_hosts
                 reports = preflight_hosts(inventory, limit, parse_extra_vars(extra_vars))
             else:
                 reports = preflight(inventory, limit, parse_extra_vars(extra_vars))
         except SpecdeployError as exc:
-            for p in exc.problems:
-                print(p.line(), file=sys.stderr)
-            raise typer.Exit(2)
+            fail(exc)
         ok = all(r.ok for r in reports.values())
         if as_json:
             print(json.dumps({"ok": ok, "hosts": {h: r.to_dict() for h, r in reports.items()}}, indent=2))
@@ -53,31 +50,27 @@ def register(app: typer.Typer):
                                                          "the kernel log for OOM kills)"),
                    kernel_log: Optional[Path] = typer.Option(None, "--kernel-log", help="saved dmesg / journalctl -k "
                                                              "output, evidence for OOM kills"),
-                   as_json: bool = typer.Option(False, "--json")):
+                   as_json: bool = Json):
         """Root exception of engine logs, how the engine ended (failed, clean-shutdown, killed), known fixes."""
         import subprocess
 
-        from .triage import read_log, triage_lines
-
-        def fail(msg: str):
-            print(f"ERROR {msg}", file=sys.stderr)
-            raise typer.Exit(2)
+        from ..triage import read_log, triage_lines
 
         kernel: list[str] = []
         if kernel_log is not None:
             if not kernel_log.is_file():
-                fail(f"--kernel-log: {kernel_log} is not a file. Fix: give a saved `dmesg` or `journalctl -k` output")
+                error("--kernel-log", f"{kernel_log} is not a file", "give a saved `dmesg` or `journalctl -k` output")
             kernel = read_log(kernel_log)
         if journal:
             try:
                 r = subprocess.run(["journalctl", "-u", journal, "--no-pager", "-o", "cat", "-n", "20000"],
                                    check=False, capture_output=True, text=True, errors="replace")
             except OSError as exc:
-                fail(f"--journal {journal}: cannot run journalctl ({exc}). Fix: run on the host, or save the log "
-                     f"and pass it as a file")
+                error(f"--journal {journal}", f"cannot run journalctl ({exc})",
+                      "run on the host, or save the log and pass it as a file")
             if r.returncode != 0 and not r.stdout:
-                fail(f"--journal {journal}: journalctl failed: {r.stderr.strip()[:200]}. Fix: check the unit name "
-                     f"(systemctl list-units 'specdeploy-*')")
+                error(f"--journal {journal}", f"journalctl failed: {r.stderr.strip()[:200]}",
+                      "check the unit name (systemctl list-units 'specdeploy-*')")
             lines = r.stdout.splitlines()
             if not kernel:
                 try:
@@ -89,13 +82,13 @@ def register(app: typer.Typer):
         else:
             bad = [f"{p} ({'missing' if not p.exists() else 'not a file'})" for p in logfiles or [] if not p.is_file()]
             if not logfiles or bad:
-                fail(f"LOGFILE: {', '.join(bad) or 'none given'}. Fix: give engine log files or --journal UNIT")
+                error("LOGFILE", ', '.join(bad) or 'none given', "give engine log files or --journal UNIT")
             lines = []
             for p in logfiles:
                 try:
                     lines.extend(read_log(p))
                 except OSError as exc:
-                    fail(f"LOGFILE {p}: {exc.strerror or exc}. Fix: make it readable or copy it somewhere readable")
+                    error(f"LOGFILE {p}", str(exc.strerror or exc), "make it readable or copy it somewhere readable")
         res = triage_lines(lines, kernel)
         if as_json:
             print(json.dumps(res.to_dict(), indent=2))
@@ -112,14 +105,14 @@ def register(app: typer.Typer):
     @app.command("breakeven")
     def breakeven_cmd(acceptance_length: float = typer.Option(..., "--acceptance-length"),
                       step_ratio: float = typer.Option(..., "--step-ratio", help="T_spec / T_base"),
-                      margin: float = typer.Option(0.10, "--margin"), as_json: bool = typer.Option(False, "--json")):
+                      margin: float = typer.Option(0.10, "--margin"), as_json: bool = Json):
         """Predicted speedup of speculation and whether to keep it."""
-        from .gate import breakeven
+        from ..gate import breakeven
         try:
             b = breakeven(acceptance_length, step_ratio, margin)
         except ValueError as exc:
-            print(f"ERROR {exc}", file=sys.stderr)
-            raise typer.Exit(2)
+            error("--acceptance-length" if "acceptance" in str(exc) else "--step-ratio", str(exc),
+                  "give --acceptance-length >= 1 and --step-ratio > 0")
         if as_json:
             print(json.dumps(b.to_dict(), indent=2))
         else:
@@ -137,21 +130,17 @@ def register(app: typer.Typer):
                  k: Optional[int] = typer.Option(None, "--k", help="draft tokens deployed (default: from metrics)"),
                  margin: float = typer.Option(0.10, "--margin"),
                  api_key_file: Optional[Path] = typer.Option(None, "--api-key-file"),
-                 out: Path = typer.Option(Path("gate"), "--out"), as_json: bool = typer.Option(False, "--json")):
+                 out: Path = typer.Option(Path("gate"), "--out"), as_json: bool = Json):
         """Measure whether speculation pays under a bounded load of real chat prompts; write report + chart."""
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-        from .gate import chart, gate
-        from .engines import names
-        if engine not in names():
-            print(f"ERROR --engine: unknown engine '{engine}' Fix: use {' or '.join(names())}", file=sys.stderr)
-            raise typer.Exit(2)
+        from ..gate import chart, gate
+        known_engine(engine)
         try:
             levels = [int(c) for c in concurrency.split(",")]
             assert levels and all(c > 0 for c in levels)
         except (ValueError, AssertionError):
-            print(f"ERROR --concurrency: '{concurrency}' is not a list like 1,8,32", file=sys.stderr)
-            raise typer.Exit(2)
-        from .argcheck import http_url, read_json_object, read_text
+            error("--concurrency", f"'{concurrency}' is not a list of positive numbers", "give a list like 1,8,32")
+        from ..argcheck import http_url, read_json_object, read_text
         try:
             url = http_url(url, "--url")
             base = read_json_object(baseline, "--baseline", "a report.json written by `specdeploy gate`") \
@@ -164,9 +153,7 @@ def register(app: typer.Typer):
                                                "(no levels_by_concurrency)",
                                                "give the report.json of a `specdeploy gate` run without speculation")])
         except SpecdeployError as exc:
-            for p in exc.problems:
-                print(p.line(), file=sys.stderr)
-            raise typer.Exit(2) from None
+            fail(exc)
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn()) as prog:
             task = prog.add_task("gate", total=len(levels))
@@ -177,8 +164,7 @@ def register(app: typer.Typer):
             try:
                 report = gate(url, engine, levels, requests, max_tokens, prompts, base, k, margin, key, cb)
             except OSError as exc:
-                print(f"ERROR --url: cannot reach {url}: {exc} Fix: check the engine is up", file=sys.stderr)
-                raise typer.Exit(2)
+                error("--url", f"cannot reach {url}: {exc}", "check the engine is up")
             prog.update(task, completed=len(levels))
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")

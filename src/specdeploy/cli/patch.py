@@ -2,21 +2,21 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import typer
+
+from .options import Json, error
 
 patch_app = typer.Typer(no_args_is_help=True, help="Engine patch sets (vLLM 0.16/0.17 Kimi-K2.5 EAGLE-3).")
 
 
 def _run(action: str, engine: str, root: Path, as_json: bool):
-    from .engines import UnsupportedVersion, get, names
+    from ..engines import UnsupportedVersion, get, names
     try:
         adapter = get(engine)
     except UnsupportedVersion:
-        print(f"ERROR --engine: unknown engine '{engine}' Fix: use {' or '.join(names())}", file=sys.stderr)
-        raise typer.Exit(2)
+        error("--engine", f"unknown engine '{engine}'", f"use {' or '.join(names())}")
     pv = adapter.patch_module()
     if pv is None:
         results = []
@@ -25,17 +25,14 @@ def _run(action: str, engine: str, root: Path, as_json: bool):
             results = pv.status(root) if action == "status" else pv.apply(root)
         except pv.PatchError as exc:
             if exc.anchor == f"{engine}/__init__.py":
-                print(f"ERROR --root {root}: no {engine} package there. Fix: give the directory that contains "
-                      f"{engine}/ (an image's site-packages or an unpacked release)", file=sys.stderr)
-                raise typer.Exit(2)
+                error(f"--root {root}", f"no {engine} package there",
+                      f"give the directory that contains {engine}/ (an image's site-packages or an unpacked release)")
             patched = [v for v in adapter.versions if adapter(v).patch_ids()]
             fixed = [v for v in adapter.versions if not adapter(v).patch_ids()]
             pin = (f"; pin a tested version ({patched[0]}-{patched[-1]})" if patched else "") + \
                 (f" or >= {fixed[0]}, which needs no patches" if fixed else "")
-            print(f"ERROR {exc.file}: anchor '{exc.anchor}' {exc.why}. Nothing was changed. Fix: this "
-                  f"{adapter.label} tree differs from the release the patch set was written for{pin}",
-                  file=sys.stderr)
-            raise typer.Exit(1)
+            error(exc.file, f"anchor '{exc.anchor}' {exc.why}. Nothing was changed.",
+                  f"this {adapter.label} tree differs from the release the patch set was written for{pin}", 1)
     if as_json:
         print(json.dumps({"engine": engine, "root": str(root),
                           "patches": [r.__dict__ for r in results]}, indent=2))
@@ -50,13 +47,13 @@ def _run(action: str, engine: str, root: Path, as_json: bool):
 
 @patch_app.command("status")
 def status_cmd(engine: str = typer.Option(..., "--engine"), root: Path = typer.Option(..., "--root"),
-               as_json: bool = typer.Option(False, "--json")):
+               as_json: bool = Json):
     """Report per patch: upstream, needed, applied or drift."""
     _run("status", engine, root, as_json)
 
 
 @patch_app.command("apply")
 def apply_cmd(engine: str = typer.Option(..., "--engine"), root: Path = typer.Option(..., "--root"),
-              as_json: bool = typer.Option(False, "--json")):
+              as_json: bool = Json):
     """Apply the needed patches (idempotent, all or nothing)."""
     _run("apply", engine, root, as_json)

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import typer
 
-from .errors import SpecdeployError
+from ..errors import SpecdeployError
+from .options import Json, fail
 
 drafter_app = typer.Typer(no_args_is_help=True, help="Validate and convert EAGLE-3 drafters.")
 
@@ -26,15 +26,13 @@ def check_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Opti
               engine: str = typer.Option(..., "--engine"),
               engine_version: str = typer.Option(None, "--engine-version",
                                                  help="rules of this engine release (default: the newest known)"),
-              as_json: bool = typer.Option(False, "--json")):
+              as_json: bool = Json):
     """Check a drafter against its target for one engine (config and headers only; no weights read)."""
-    from .drafter import check
+    from ..drafter import check
     try:
         rep = check(drafter_dir, target, engine, engine_version)
     except SpecdeployError as exc:
-        for p in exc.problems:
-            print(p.line(), file=sys.stderr)
-        raise typer.Exit(2)
+        fail(exc)
     _print_report(rep, as_json)
     raise typer.Exit(0 if rep.ok else 1)
 
@@ -44,15 +42,13 @@ def convert_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Op
                 engine: str = typer.Option(..., "--engine"), out: Path = typer.Option(..., "--out"),
                 engine_version: str = typer.Option(None, "--engine-version",
                                                    help="rules of this engine release (default: the newest known)"),
-                as_json: bool = typer.Option(False, "--json")):
+                as_json: bool = Json):
     """Write an engine-ready copy: architecture name, layout, explicit aux ids, layer count, verifier."""
-    from .drafter import convert
+    from ..drafter import convert
     try:
         meta = convert(drafter_dir, target, engine, out, engine_version)
     except SpecdeployError as exc:
-        for p in exc.problems:
-            print(p.line(), file=sys.stderr)
-        raise typer.Exit(1)
+        fail(exc, 1)
     if as_json:
         print(json.dumps(meta, indent=2))
     else:

@@ -6,16 +6,11 @@ from pathlib import Path
 
 import typer
 
-from .engines import DEFAULT as DEFAULT_ENGINE
-from .errors import SpecdeployError
+from ..engines import DEFAULT as DEFAULT_ENGINE
+from ..errors import SpecdeployError
+from .options import error, fail, known_engine
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="Real Debian sandbox hosts (systemd-nspawn) for demos and CI.")
-
-
-def _fail(exc: SpecdeployError):
-    for p in exc.problems:
-        print(p.line(), file=sys.stderr)
-    raise typer.Exit(2)
 
 
 @sandbox_app.command("up")
@@ -26,15 +21,11 @@ def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
     """Boot N hosts (debootstrap cached), write an inventory pointing at them."""
     from rich.console import Console
 
-    from .testing import sandbox
+    from ..testing import sandbox
     con = Console(stderr=True)
     if runtime not in ("docker", "venv"):
-        print(f"ERROR --runtime: '{runtime}' Fix: use docker or venv", file=sys.stderr)
-        raise typer.Exit(2)
-    from .engines import names
-    if engine not in names():
-        print(f"ERROR --engine: unknown engine '{engine}' Fix: use {' or '.join(names())}", file=sys.stderr)
-        raise typer.Exit(2)
+        error("--runtime", f"'{runtime}'", "use docker or venv")
+    known_engine(engine)
     try:
         with con.status("sandbox") as st:
             hs = sandbox.up(hosts, progress=lambda m: (st.update(m), con.log(m)))
@@ -42,7 +33,7 @@ def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
             sandbox.artifacts()
             sandbox.write_inventory(hs, inventory, engine, runtime)
     except SpecdeployError as exc:
-        _fail(exc)
+        fail(exc)
     for h in hs:
         print(f"{h.name}\t{h.address}")
     print(f"inventory: {inventory}")
@@ -51,15 +42,15 @@ def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
 @sandbox_app.command("down")
 def down_cmd():
     """Stop every sandbox host and remove its network and overlay."""
-    from .testing import sandbox
+    from ..testing import sandbox
     try:
         sandbox.down(progress=lambda m: print(m, file=sys.stderr))
     except SpecdeployError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @sandbox_app.command("status")
 def status_cmd():
-    from .testing import sandbox
+    from ..testing import sandbox
     for h in sandbox.hosts_from_state():
         print(f"{h.name}\t{h.address}\t{'running' if sandbox._pid(h) else 'stopped'}")

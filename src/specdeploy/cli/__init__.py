@@ -1,0 +1,39 @@
+"""The ``specdeploy`` command line, one module per command group:
+
+- ``core``: plan, engine argv/image/standin, schema, wheelhouse (the controller's rendering commands);
+- ``host``: simulate, ready, exporter (the commands units and roles run on a host);
+- ``ops``: preflight, triage, breakeven, gate;  ``frontdoor``: deploy, rollback, verify, status, report;
+- ``nccl``, ``drafter``, ``patch``, ``sandbox``: their sub-commands.
+
+The options every command shares and the one error path are in ``options``. Loading the CLI imports typer and
+these modules only; each command imports what it needs when it runs."""
+from __future__ import annotations
+
+import sys
+
+from ..errors import SpecdeployError
+from . import frontdoor, ops
+from .app import app
+from .options import print_findings
+
+ops.register(app)
+frontdoor.register(app)
+from . import core, drafter, host, nccl, patch, sandbox  # noqa: E402, F401  (their commands come after the above)
+
+app.add_typer(core.engine_app, name="engine")
+app.add_typer(core.schema_app, name="schema")
+app.add_typer(nccl.nccl_app, name="nccl")
+app.add_typer(drafter.drafter_app, name="drafter")
+app.add_typer(patch.patch_app, name="patch")
+app.add_typer(sandbox.sandbox_app, name="sandbox")
+
+
+def main():
+    try:
+        app()
+    except SpecdeployError as exc:  # any command that did not catch its own
+        print_findings(exc)
+        sys.exit(2)
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,4 @@
+"""``python -m specdeploy.cli``."""
+from . import main
+
+main()

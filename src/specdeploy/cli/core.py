@@ -1,0 +1,149 @@
+"""``specdeploy plan``, ``engine argv|image|standin``, ``schema docs|defaults|argspec`` and ``wheelhouse``: what the
+controller renders and builds."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import SpecdeployError
+from .app import app
+from .options import ExtraVars, Inventory, Json, Limit, error, fail, known_engine
+
+engine_app = typer.Typer(no_args_is_help=True, help="Engine command lines.")
+schema_app = typer.Typer(no_args_is_help=True, help="The inventory schema: docs and Ansible argument specs.")
+
+
+@app.command("plan")
+def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
+             extra_vars: Optional[List[str]] = ExtraVars,
+             out_dir: Optional[Path] = typer.Option(None, "--out", help="Write the rendered files here."),
+             as_json: bool = Json):
+    """Render, for every host, the units, environment, command line and scrape config a deploy installs."""
+    from ..inventory import parse_extra_vars
+    from ..plan import plan, write_out
+    try:
+        _, plans, prom = plan(inventory, limit, parse_extra_vars(extra_vars))
+        if out_dir:
+            write_out(out_dir, plans, prom)
+    except SpecdeployError as exc:
+        fail(exc)
+    if as_json:
+        print(json.dumps({"hosts": {h: p.to_dict() for h, _, p in plans}, "prometheus": prom}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    out = Console()
+    for host, addr, p in plans:
+        t = Table(title=f"{host} ({addr})", show_header=False)
+        for k, v in [("engine", f"{p.engine} {p.version}"), ("runtime", p.runtime), ("image", p.image or "-"),
+                     ("tensor parallel", str(p.tp)), ("speculation", "on" if p.spec else "off"),
+                     ("drafter (converted)", p.drafter_path or "-"), ("NCCL", p.nccl_source),
+                     ("NCCL env", " ".join(f"{k}={v}" for k, v in p.env.items() if k.startswith("NCCL_")) or "-"),
+                     ("ports", ", ".join(f"{k} {v}" for k, v in p.ports.items())),
+                     ("units", f"{p.engine_unit}, {p.exporter_unit}")]:
+            t.add_row(k, v)
+        out.print(t)
+        out.print("[bold]command[/]: " + " ".join(p.argv), soft_wrap=True, markup=True, highlight=False)
+    if out_dir:
+        out.print(f"wrote files under {out_dir}")
+
+
+@engine_app.command("argv")
+def engine_argv(inventory: str = Inventory, host: str = typer.Option(..., "--host"),
+                extra_vars: Optional[List[str]] = ExtraVars, as_json: bool = Json):
+    """Print the exact engine command and environment for HOST."""
+    import shlex
+    from ..inventory import load, parse_extra_vars
+    from ..nccl_env import resolve
+    from ..render import engine_command
+    try:
+        inv = load(inventory, limit=host, extra=parse_extra_vars(extra_vars))
+        h = inv.host(host)
+    except SpecdeployError as exc:
+        fail(exc)
+    _, cmd = engine_command(h.hv)
+    env, _ = resolve(h.hv)
+    env.update(cmd.env)
+    env.update(h.hv.specdeploy_engine_env)
+    if as_json:
+        print(json.dumps({"argv": cmd.argv, "env": env}, indent=2))
+    else:
+        for k, v in env.items():
+            print(f"{k}={shlex.quote(v)} \\")
+        print(" ".join(shlex.quote(a) for a in cmd.argv))
+
+
+@engine_app.command("image")
+def engine_image(engine: str = typer.Option(..., "--engine"), version: str = typer.Option(..., "--version"),
+                 patches: str = typer.Option("auto", "--patches"),
+                 field: Optional[str] = typer.Option(None, "--field", help="print one field: tag, patch_set, ...")):
+    """The image tag, patch set and build arguments for an engine version."""
+    from ..engines import UnsupportedVersion, get
+    from ..images import image_tag, upstream_image
+    from ..patches import patch_set_id, required_patches
+    try:
+        info = {"tag": image_tag(engine, version, patches), "base": upstream_image(engine, version),
+                "patch_set": patch_set_id(engine, version, patches),
+                "patches": list(required_patches(engine, version)) if patches == "auto" else [],
+                "dockerfile": f"docker/{engine}.Dockerfile",
+                "build_args": {get(engine).version_arg: version,
+                               "PATCH_SET": patch_set_id(engine, version, patches)}}
+    except (UnsupportedVersion, KeyError) as exc:
+        error("--version", str(exc).strip("'\""), "use a supported engine and version")
+    if field:
+        if field not in info:
+            error("--field", f"unknown field '{field}'", f"use one of {', '.join(info)}")
+        print(info[field] if not isinstance(info[field], (dict, list)) else json.dumps(info[field]))
+    else:
+        print(json.dumps(info, indent=2))
+
+
+@engine_app.command("standin")
+def engine_standin(engine: str = typer.Option(..., "--engine"), version: str = typer.Option(..., "--version"),
+                   out: Path = typer.Option(..., "--out")):
+    """Sandbox: build context of the local stand-in for the official engine image (real engine sources)."""
+    from ..images import standin_context
+    from ..upstream import UpstreamError
+    known_engine(engine)
+    try:
+        print(standin_context(engine, version, out))
+    except (UpstreamError, OSError) as exc:
+        error(f"--version {version}", f"cannot get the {engine} sources: {exc}",
+              "check the package index is reachable from the controller")
+
+
+@app.command("wheelhouse")
+def wheelhouse_cmd(out: Path = typer.Option(..., "--out"),
+                   target: Optional[str] = typer.Option(None, "--target",
+                                                        help="hosts' PY_VERSION:MACHINE:GLIBC, e.g. 3.11:x86_64:2.36")):
+    """Build the wheelhouse hosts install specdeploy from (offline), for the hosts' Python; prints its stamp."""
+    from ..wheelhouse import TargetError, build
+    try:
+        print(build(out, target))
+    except TargetError as exc:
+        error("--target", str(exc))
+
+
+@schema_app.command("docs")
+def schema_docs():
+    """Print the variable reference (docs/variables.md)."""
+    from ..schema_docs import variables_markdown
+    sys.stdout.write(variables_markdown())
+
+
+@schema_app.command("defaults")
+def schema_defaults(role: str = typer.Argument(..., help="Role name")):
+    """Print a role's defaults/main/schema.yml, generated from the schema."""
+    from ..schema_docs import role_defaults_yaml
+    sys.stdout.write(role_defaults_yaml(role))
+
+
+@schema_app.command("argspec")
+def schema_argspec(role: str = typer.Argument(..., help="Role name")):
+    """Print a role's meta/argument_specs.yml, generated from the schema."""
+    from ..schema_docs import argument_specs_yaml
+    sys.stdout.write(argument_specs_yaml(role))

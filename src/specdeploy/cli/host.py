@@ -1,0 +1,68 @@
+"""``specdeploy simulate``, ``ready`` and ``exporter``: the commands units and roles run on a host."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import SpecdeployError
+from .app import app
+from .options import Json, error, fail, known_engine
+
+
+@app.command("simulate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def simulate_cmd(ctx: typer.Context, engine: str = typer.Option(..., "--engine"),
+                 version: str = typer.Option(..., "--version")):
+    """Engine simulator for demos and tests: serves the engine's HTTP/metrics contract without a GPU.
+    Usage: specdeploy simulate --engine vllm --version 0.16.0 -- vllm serve MODEL [flags]"""
+    from ..engines import UnsupportedVersion
+    from ..testing.simulator import run
+    try:
+        code = run(engine, version, list(ctx.args))
+    except UnsupportedVersion as exc:
+        error("--version", str(exc), "use a supported engine and version")
+    except (ValueError, OSError, OverflowError) as exc:  # bad JSON in a flag value, a bad port, a busy address
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        error("simulate", msg, "check the engine flags after --")
+    raise typer.Exit(code)
+
+
+@app.command("ready")
+def ready_cmd(unit: str = typer.Option(..., "--unit"), url: str = typer.Option(..., "--url"),
+              until: float = typer.Option(..., "--until", help="wall-clock deadline, epoch seconds"),
+              slice_s: float = typer.Option(30, "--slice", help="return 'waiting' (exit 3) after this many seconds"),
+              as_json: bool = Json):
+    """On the host: wait for the engine to be ready; exit 1 at once on a crash loop, or at the deadline."""
+    from ..readiness import EXIT, wait
+    o = wait(unit, url, until, slice_s)
+    print(json.dumps(o.to_dict()) if as_json else f"{o.status}: {o.unit} after {o.elapsed_s:.0f} s: {o.detail}")
+    raise typer.Exit(EXIT[o.status])
+
+
+@app.command("exporter")
+def exporter_cmd(engine: str = typer.Option(..., "--engine"), engine_url: str = typer.Option(..., "--engine-url"),
+                 listen: str = typer.Option("0.0.0.0:9450", "--listen"), window: float = typer.Option(60, "--window"),
+                 info: Optional[List[str]] = typer.Option(None, "--info", help="KEY=VALUE for specdeploy_engine_info"),
+                 gate_file: Optional[Path] = typer.Option(Path("/var/lib/specdeploy/gate/report.json"),
+                                                          "--gate-file")):
+    """Serve speculative-decoding metrics under one engine-independent set of names."""
+    import time as _t
+    from ..exporter import serve
+    known_engine(engine)
+    from ..argcheck import http_url, listen_address
+    try:
+        listen_address(listen, "--listen")
+        http_url(engine_url, "--engine-url")
+    except SpecdeployError as exc:
+        fail(exc)
+    kv = dict(x.split("=", 1) for x in info or [] if "=" in x)
+    try:
+        serve(engine, engine_url, listen, window, kv, gate_file)
+    except OSError as exc:
+        error("--listen", f"cannot listen on {listen}: {exc.strerror or exc}",
+              "choose a free port and an address of this host")
+    print(f"exporting {engine} spec-decode metrics from {engine_url} on {listen}", flush=True)
+    while True:
+        _t.sleep(3600)

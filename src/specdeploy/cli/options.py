@@ -1,0 +1,46 @@
+"""What every command shares: the options -i, -e, --limit and --json, defined once, and the one error path.
+
+Every error a command reports is a ``Finding`` (the file or field, what is wrong, the fix) printed on stderr,
+followed by a non-zero exit; never a traceback."""
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import typer
+
+from ..errors import Finding, SpecdeployError
+
+INVENTORY_HELP = "Ansible inventory directory or file."
+Inventory = typer.Option(..., "-i", "--inventory", help=INVENTORY_HELP)
+ExtraVars = typer.Option(None, "-e", "--extra-vars",
+                         help="KEY=VALUE, a JSON/YAML mapping, or @file.yml, like ansible-playbook -e.")
+Limit = typer.Option(None, "--limit", help="Hosts or groups, like ansible-playbook --limit.")
+Json = typer.Option(False, "--json", help="Print JSON.")
+
+
+def inventory_optional(help: str = INVENTORY_HELP):
+    """-i for the commands where the inventory is one source among others."""
+    return typer.Option(None, "-i", "--inventory", help=help)
+
+
+def print_findings(exc: SpecdeployError) -> None:
+    for p in exc.problems:
+        print(p.line(), file=sys.stderr)
+
+
+def fail(exc: SpecdeployError, code: int = 2) -> NoReturn:
+    """Print each finding of ``exc`` on stderr and exit with ``code`` (2: bad input)."""
+    print_findings(exc)
+    raise typer.Exit(code)
+
+
+def error(subject: str, message: str, fix: str = "", code: int = 2) -> NoReturn:
+    """One finding: ``subject`` names the file or field, ``fix`` says what to do."""
+    fail(SpecdeployError([Finding("error", subject, message, fix)]), code)
+
+
+def known_engine(engine: str, option: str = "--engine") -> None:
+    from ..engines import names
+    if engine not in names():
+        error(option, f"unknown engine '{engine}'", f"use {' or '.join(names())}")
