@@ -185,3 +185,56 @@ def specdeploy_gpg_key_check(colons, fingerprint):
     """'' when `gpg --show-keys --with-colons` output holds the pinned key, usable; else what is wrong."""
     from specdeploy.monitoring import gpg_key_problem
     return gpg_key_problem(str(colons), str(fingerprint))
+
+
+def specdeploy_converged_script(_=None):
+    """Path of the stdlib-only converged-state script, run on hosts with their own python3."""
+    from specdeploy import converged
+    return converged.__file__
+
+
+def specdeploy_inputs_digest(hostvars, hosts, playbook_dir, inventory_sources=()):
+    """One digest of everything a deploy of ``hosts`` renders from (code, inventory, -e, files the variables
+    name, controller copies of the weights); computed once per run on the controller."""
+    import os
+    from pathlib import Path
+
+    from ansible import context
+    import specdeploy
+    from specdeploy.converged import inputs_digest
+    from specdeploy.staging import tree_id
+    files, weights = [], []
+    for h in sorted(hostvars.keys()):
+        v = hostvars[h]
+        for k in sorted(v.keys()):
+            if k.endswith("_file") and k != "inventory_file":
+                val = v[k]
+                if isinstance(val, str) and val:
+                    files.append(os.path.expanduser(val))
+        if h in hosts and any(str(k).startswith("specdeploy_engine") for k in v.keys()):
+            for it in specdeploy_weights(v, h):
+                if it["source"] == "controller" and it["controller"]:
+                    weights.append(f"{h} {it['kind']} {it['path']} {it['controller']} {tree_id(it['controller'])}")
+                else:
+                    weights.append(f"{h} {it['kind']} {it['source']} {it['path']} {it.get('shared') or ''}")
+    extra = [str(e) for e in (context.CLIARGS.get("extra_vars") or ())]
+    return inputs_digest(str(Path(playbook_dir).resolve().parent), os.path.dirname(specdeploy.__file__),
+                         [str(s) for s in inventory_sources], extra, files, weights)
+
+
+def specdeploy_converged_args(variables, host, group_names, playbook_dir):
+    """Arguments of the host-side converged check and record (managed roots, weight links, health URLs)."""
+    from pathlib import Path
+
+    from specdeploy.converged import check_args, role_defaults
+    engine = None
+    if "specdeploy_engines" in group_names:
+        _, hv = _validated(variables, host)
+        links = [p for p in (hv.specdeploy_model_path, hv.specdeploy_drafter_path) if p]
+        engine = {"venv": hv.specdeploy_venv_path, "links": links, "exporter_port": hv.specdeploy_exporter_port,
+                  "router_port": hv.specdeploy_router_port}
+    defaults = role_defaults(str(Path(playbook_dir) / "roles"))
+    own = {k: _plain(variables[k]) for k in ("router_venv", "monitoring_prometheus_url", "inference_engine_state",
+                                             "monitoring_prometheus_dir", "monitoring_grafana_provisioning_dir",
+                                             "monitoring_grafana_dashboards_dir") if k in variables}
+    return check_args(own, list(group_names), defaults, engine)
