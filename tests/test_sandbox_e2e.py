@@ -111,10 +111,30 @@ def test_full_deploy_to_two_hosts(inv):
     assert want <= up, up
 
 
-def test_second_run_changes_nothing(inv):
+def _converged_run(inv: Path) -> None:
     rc, out, recap = play(inv)
     assert rc == 0, out[-3000:]
     assert recap and all(v["changed"] == 0 for v in recap.values()), recap
+    # each host matched its record in one call and skipped the full path
+    assert re.search(r"PLAY \[Deploy the engine[^\n]*\n+skipping: no hosts matched", out), out[-3000:]
+
+
+def test_second_run_changes_nothing(inv):
+    _converged_run(inv)
+    # drift: a managed file edited by hand on one host and a variable changed: the full path runs and applies both
+    unit = "/etc/systemd/system/specdeploy-exporter.service"
+    good = ssh(H2, f"cat {unit}")
+    ssh(H2, f"echo '# edited by hand' >> {unit}")
+    rc, out, recap = play(inv, "monitoring_scrape_interval=20s")
+    assert rc == 0, out[-3000:]
+    assert recap["sdhost1"]["changed"] > 0 and recap["sdhost2"]["changed"] > 0, recap
+    assert ssh(H2, f"cat {unit}") == good
+    assert "scrape_interval: 20s" in ssh(H1, "cat /etc/prometheus/prometheus.yml")
+    rc, out, recap = play(inv)  # the inventory's value again: a change, not a converged skip
+    assert rc == 0, out[-3000:]
+    assert recap["sdhost1"]["changed"] > 0, recap
+    assert "scrape_interval: 15s" in ssh(H1, "cat /etc/prometheus/prometheus.yml")
+    _converged_run(inv)
 
 
 def _host_state(h: str) -> str:
