@@ -211,8 +211,13 @@ def specdeploy_inputs_digest(hostvars, hosts, playbook_dir, inventory_sources=()
                 val = v[k]
                 if isinstance(val, str) and val:
                     files.append(os.path.expanduser(val))
-        if h in hosts and any(str(k).startswith("specdeploy_engine") for k in v.keys()):
-            for it in specdeploy_weights(v, h):
+        if h in hosts:
+            try:
+                items = specdeploy_weights(v, h)
+            except Exception as exc:  # noqa: BLE001 - preflight reports it; here it only means: no match
+                weights.append(f"{h} invalid {exc}")
+                continue
+            for it in items:
                 if it["source"] == "controller" and it["controller"]:
                     weights.append(f"{h} {it['kind']} {it['path']} {it['controller']} {tree_id(it['controller'])}")
                 else:
@@ -229,7 +234,10 @@ def specdeploy_converged_args(variables, host, group_names, playbook_dir):
     from specdeploy.converged import check_args, role_defaults
     engine = None
     if "specdeploy_engines" in group_names:
-        _, hv = _validated(variables, host)
+        try:
+            _, hv = _validated(variables, host)
+        except AnsibleFilterError as exc:  # preflight reports it; the host takes the full path
+            return ["--reason", f"variables do not validate: {str(exc).strip().splitlines()[0]}"]
         links = [p for p in (hv.specdeploy_model_path, hv.specdeploy_drafter_path) if p]
         engine = {"venv": hv.specdeploy_venv_path, "links": links, "exporter_port": hv.specdeploy_exporter_port,
                   "router_port": hv.specdeploy_router_port}

@@ -243,10 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unit", action="append", default=[], help="a unit the deploy keeps running, if installed")
     ap.add_argument("--url", action="append", default=[])
     ap.add_argument("--expect", action="append", default=[])
+    ap.add_argument("--reason", action="append", default=[], help="the controller already knows: run the full path")
     ap.add_argument("--keep", action="store_true", help="check: leave a stale record in place (--check runs)")
     a = ap.parse_args(argv)
     snap = snapshot(a.root, a.skip, a.link, a.unit)
     if a.action == "record":
+        if a.reason:
+            print(json.dumps({"recorded": False, "reasons": a.reason}))
+            return 0
         bad = [u for u, s in snap["units"].items() if "ActiveState=active" not in s]
         if bad:  # a unit the deploy keeps running is down: record nothing, so the next run is a full one
             print(json.dumps({"recorded": False, "reasons": [f"unit {u} is not active" for u in bad]}))
@@ -257,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         os.replace(tmp, a.state)
         print(json.dumps({"recorded": True, "files": len(snap["files"]), "units": sorted(snap["units"])}))
         return 0
-    reasons: list[str] = []
+    reasons: list[str] = list(a.reason)
     try:
         with open(a.state) as f:
             old = json.load(f)
