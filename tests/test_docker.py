@@ -98,7 +98,7 @@ def _docker_run(argv):
 
 
 def test_gpu_flags_follow_the_hardware_profile():
-    from specdeploy.render import render_host
+    from specdeploy.plan import render_host
     gpu = render_host("h", _hv())
     unit = gpu.files["/etc/systemd/system/specdeploy-vllm.service"]
     opts, image, _ = _docker_run(re.search(r"^ExecStart=(.*)$", unit, re.M).group(1).replace('"', "").split())
@@ -113,7 +113,8 @@ def test_gpu_flags_follow_the_hardware_profile():
 
 def test_nccl_tuning_container_is_the_engine_container():
     """Same image, GPUs, IPC, ulimits and read-only model/drafter mounts as the engine unit."""
-    from specdeploy.render import engine_command, exec_argv, tool_container
+    from specdeploy.plan import engine_command
+    from specdeploy.render.runtime import exec_argv, tool_container
     hv = _hv()
     _, cmd = engine_command(hv)
     e_opts, e_image, _ = _docker_run(exec_argv(hv, cmd.argv, "img:1"))
@@ -138,7 +139,8 @@ ENV = {"TORCH_CUDA_ARCH_LIST": "9.0 10.0", "QUOTED": 'say "hi"', "BACKSLASH": "a
 
 
 def test_env_file_reads_the_same_in_its_consumer():
-    from specdeploy.render import parse_env_file, render_host
+    from specdeploy.plan import render_host
+    from specdeploy.render.systemd import parse_env_file
     docker = render_host("h", _hv(specdeploy_engine_env=ENV)).files["/etc/specdeploy/specdeploy-vllm.env"]
     got = parse_env_file(docker, "docker")
     assert {k: got[k] for k in ENV} == ENV  # docker keeps quotes: the values are written verbatim

@@ -134,7 +134,7 @@ def test_preflight_errors_stop_the_deploy_before_ansible(example_inv, tmp_path):
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus package")
 def test_status_and_report_from_live_exporters_and_prometheus(tmp_path):
-    from specdeploy.render import render_prometheus
+    from specdeploy.render.prometheus import render_prometheus
     from specdeploy.report import render
     addr = "127.0.0.4"
     ep, xp = free_port(addr), free_port(addr)
@@ -216,6 +216,6 @@ def test_staging_progress_from_a_real_rsync_log_and_a_hosts_progress_file(tmp_pa
     state = tmp_path / "state"
     state.mkdir()
     (state / "staging-drafter.json").write_text(json.dumps({"line": "1.00/2.00 GB, 0.50 GB/s, ETA 2s"}))
-    monkeypatch.setattr("specdeploy.render.STATE_DIR", str(state))
+    monkeypatch.setattr("specdeploy.render.paths.STATE_DIR", str(state))
     run.targets["gpu-b"] = Target("gpu-b", "x", "vllm", 1, 2, "u", ["bash", "-c"])
     assert run.poll_stage("gpu-b") == "drafter 1.00/2.00 GB, 0.50 GB/s, ETA 2s"

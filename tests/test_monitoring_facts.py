@@ -12,7 +12,7 @@ import yaml
 
 from helpers import REPO
 from specdeploy.monitoring import gpg_key_problem, panels, render_rules
-from specdeploy.render import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT, render_prometheus
+from specdeploy.render.prometheus import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT, render_prometheus
 
 FACTS = yaml.safe_load((REPO / "tests/data/monitoring-facts.yml").read_text())
 ROLE = REPO / "ansible/roles/monitoring"

@@ -34,7 +34,7 @@ def _validated(variables, host, overrides=None):
 def specdeploy_plan(variables, host, overrides=None):
     """A host's plan: files (path -> content), argv, env, units, health paths, release id. ``overrides``
     (variables) are applied on top of the inventory, e.g. by the speculation gate."""
-    from specdeploy.render import render_host
+    from specdeploy.plan import render_host
     v, hv = _validated(variables, host, overrides)
     return render_host(host, hv, v.get("ansible_host", host)).to_dict()
 
@@ -71,7 +71,7 @@ def specdeploy_targets(hostvars, hosts):
 
 
 def specdeploy_prometheus(targets, rules_files=None, scrape_interval="15s"):
-    from specdeploy.render import render_prometheus
+    from specdeploy.render.prometheus import render_prometheus
     return render_prometheus(_plain(targets), _plain(rules_files or []), scrape_interval)
 
 
@@ -101,12 +101,12 @@ def specdeploy_image(variables, host, source="unknown"):
 def specdeploy_tool_container(variables, host, name, args, rw_mounts=(), module=True):
     """A command in the engine's environment (same image, GPUs, mounts, ulimits as the engine unit)."""
     _, hv = _validated(variables, host)
-    from specdeploy.render import tool_container
+    from specdeploy.render.runtime import tool_container
     return tool_container(hv, str(name), [str(a) for a in args], tuple(str(m) for m in rw_mounts), bool(module))
 
 
 def specdeploy_router_unit(hostvars, hosts, router_port, venv):
-    from specdeploy.render import render_router
+    from specdeploy.render.systemd import render_router
     urls = []
     for h in hosts:
         v, hv = _validated(hostvars[h], h)

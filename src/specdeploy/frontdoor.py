@@ -131,7 +131,7 @@ def targets(inventory: str, limit: str | None = None, extra: dict | None = None)
     """Engine hosts with their ports and an ssh command line (from the same Ansible variables a play uses),
     and the monitoring hosts' addresses."""
     from .inventory import load
-    from .render import unit_name
+    from .render.paths import unit_name
     inv = load(inventory, limit=limit, extra=extra)
     out = []
     for h in inv.engine_hosts:
@@ -278,7 +278,7 @@ class Run:
     def poll_stage(self, host: str) -> str:
         """Staging progress of a host: a `controller` copy's rsync log on this machine, else a `shared` copy's
         progress file on the host."""
-        from .render import STATE_DIR
+        from .render.paths import STATE_DIR
         from .staging import controller_log, rsync_progress
         parts = []
         for kind in ("model", "drafter"):

@@ -716,7 +716,7 @@ def fabric_findings(host: str, prof: HardwareProfile, facts: HostFacts, rep: Rep
 def host_decisions(host: str, hv, output: str, acs_disable: bool = False) -> dict:
     """Everything the gpu_host role applies, decided here from the gather script's output."""
     from .nccl_env import resolve
-    from .render import unit_name
+    from .render.paths import unit_name
     facts = facts_from_sections(split_sections(output))
     rep = check_host(host, hv, facts, acs_disable)
     prof = hv.profile()

@@ -12,7 +12,7 @@ import time
 
 from . import metrics as M
 from .engines import names as engine_names
-from .render import jinja_env
+from .render.systemd import jinja_env
 
 RULE_DEFAULTS = {"eval_interval": "15s", "ready_timeout": "1h", "min_acceptance_length": 2.0,
                  "kv_cache_full": 0.95, "ttft_slo_seconds": 2.0, "itl_slo_seconds": 0.1}

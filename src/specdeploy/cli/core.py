@@ -59,7 +59,7 @@ def engine_argv(inventory: str = Inventory, host: str = typer.Option(..., "--hos
     import shlex
     from ..inventory import load, parse_extra_vars
     from ..nccl_env import resolve
-    from ..render import engine_command
+    from ..plan import engine_command
     try:
         inv = load(inventory, limit=host, extra=parse_extra_vars(extra_vars))
         h = inv.host(host)
