@@ -168,6 +168,38 @@ def test_tricky_inventory_reads_the_same(tmp_path):
     assert v["lonely"]["level"] == "ungrouped-file"
 
 
+TEMPLATE_FORMS = """
+tp: 8
+f: 0.5
+flag: true
+lst: [1, "{{ tp }}"]
+d: {a: "{{ tp }}"}
+s: "8000"
+sl: "[1, 2]"
+sb: "True"
+specdeploy_a: " {{ tp }}"
+specdeploy_b: "{{ tp }}{{ tp }}"
+specdeploy_c: "{{ flag }}"
+specdeploy_d: "{{ lst }}"
+specdeploy_e: "{{ d }}"
+specdeploy_f: "x{{ f }}"
+specdeploy_g: "{{ s }}"
+specdeploy_h: "{{ sl }}"
+specdeploy_i: "{{ sb }}"
+specdeploy_k: "a\\n{{ s }}\\nb"
+specdeploy_l: "{{tp}}"
+specdeploy_m: ["{{ tp }}", "{{ s }}", {n: "{{ f }}"}]
+specdeploy_n: "no template }}"
+"""
+
+
+def test_template_forms_render_as_ansible_renders_them(tmp_path):
+    inv = write(tmp_path / "inv", {"hosts.yml": {"specdeploy_engines": {"hosts": {"h1": None}}},
+                                   "group_vars/specdeploy_engines.yml": TEMPLATE_FORMS})
+    v = assert_same(inv)["h1"]
+    assert v["specdeploy_a"] == " 8" and v["specdeploy_c"] is True and v["specdeploy_g"] == "8000"
+
+
 def test_extra_vars_win(tmp_path):
     inv = write(tmp_path / "inv", TRICKY)
     v = assert_same(inv, extra={"specdeploy_port": 9999, "level": "extra", "tp": 2,
@@ -201,6 +233,7 @@ def fallback_cases(tmp_path: Path) -> dict[str, Path]:
         "vault-file": {**yml, gv: "$ANSIBLE_VAULT;1.1;AES256\n6162\n"},
         "vault-tag": {**yml, gv: "specdeploy_port: !vault |\n  $ANSIBLE_VAULT;1.1;AES256\n  6162\n"},
         "filter": {**yml, gv: {"specdeploy_served_model_name": "{{ inventory_hostname | upper }}"}},
+        "trailing-newline": {**yml, gv: "specdeploy_served_model_name: |\n  {{ inventory_hostname }}\n"},
         "undefined": {**yml, gv: {"specdeploy_served_model_name": "{{ nosuch }}"}},
         "plugin": {**yml, "zz-constructed.yml": {"plugin": "ansible.builtin.constructed", "groups": {"big": "true"}}},
         "malformed": {**yml, gv: "specdeploy_port: [8000\n  oops: : here\n"},
@@ -224,6 +257,7 @@ def outcome(fn, path, extra=None):
 
 
 @pytest.mark.parametrize("case", ["ini", "range", "port-in-name", "vault-file", "vault-tag", "filter", "undefined",
+                                  "trailing-newline",
                                   "plugin", "malformed", "script"])
 def test_each_fallback_trigger_falls_back_to_ansible(case, tmp_path):
     path = fallback_cases(tmp_path)[case]

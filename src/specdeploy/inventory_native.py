@@ -389,6 +389,8 @@ def template(value: Any, variables: dict[str, Any], depth: int = 0) -> Any:
         return [template(v, variables, depth + 1) for v in value]
     if not isinstance(value, str) or not _has_template(value):
         return value
+    if "\r" in value or value.endswith("\n"):  # how Ansible treats a trailing newline depends on the rest
+        _fail(f"template {value!r} ends in a newline")
     rest = REF.sub("", value)
     if any(m in rest for m in TEMPLATE_MARKS) or "}}" in rest:
         _fail(f"template {value!r} is more than a variable reference")
