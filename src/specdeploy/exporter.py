@@ -40,6 +40,8 @@ class Sample:
     al: float | None = None  # acceptance gauges
     rate: float | None = None
     has_counters: bool = False
+    itl_sum: float = 0.0  # the engine's inter-token latency histogram (seconds), for the gate
+    itl_count: float = 0.0
 
 
 class ParseError(ValueError):
@@ -48,6 +50,7 @@ class ParseError(ValueError):
 
 def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
     counters, gauges = get(engine).metrics.spec_counters, get(engine).metrics.spec_gauges
+    itl = get(engine).metrics.serving.get("itl")
     s = Sample(t)
     found = False
     gauge_al: list[float] = []
@@ -58,6 +61,12 @@ def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
         raise ParseError(f"unparsable /metrics: {exc}") from None
     for fam in families:
         for smp in fam.samples:
+            if itl and smp.name == f"{itl}_sum":
+                s.itl_sum += smp.value
+                continue
+            if itl and smp.name == f"{itl}_count":
+                s.itl_count += smp.value
+                continue
             if counters:
                 if smp.name == counters.get("drafts"):
                     s.drafts += smp.value

@@ -15,12 +15,12 @@ import statistics
 import threading
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from .engines import get
+from .errors import Finding, SpecdeployError
+from .exporter import ParseError, Sample, parse_engine_metrics
 
 PROMPTS = Path(__file__).with_name("data") / "prompts.jsonl"
 MAX_FAILED = 0.01  # failed / sent requests above which the gate refuses to decide
@@ -126,47 +126,16 @@ def load_prompts(path: Path | None = None) -> list[list[dict]]:
     return out
 
 
-@dataclass
-class SpecSample:
-    drafts: float = 0.0
-    draft_tokens: float = 0.0
-    accepted: float = 0.0
-    per_pos: dict = field(default_factory=dict)
-    itl_sum: float = 0.0
-    itl_count: float = 0.0
-    al: float | None = None
-    rate: float | None = None
-
-
-def read_metrics(url: str, engine: str, headers: dict | None = None) -> SpecSample:
-    """The engine's own speculative counters or gauges and its inter-token latency sums (names from the adapter)."""
-    em = get(engine).metrics
-    itl = em.serving["itl"]
-    counters = {em.spec_counters.get(k): k for k in ("drafts", "draft_tokens", "accepted_tokens")}
-    counters.pop(None, None)
-    per_pos = em.spec_counters.get("accepted_tokens_per_pos")
+def read_metrics(url: str, engine: str, headers: dict | None = None) -> Sample:
+    """The engine's speculative counters or gauges and its inter-token latency sums, read by the exporter's parser
+    (names from the adapter; acceptance gauges averaged over the ranks that report one)."""
     req = urllib.request.Request(url.rstrip("/") + "/metrics", headers=headers or {})
     text = urllib.request.urlopen(req, timeout=10).read().decode()
-    s = SpecSample()
-    field_of = {"drafts": "drafts", "draft_tokens": "draft_tokens", "accepted_tokens": "accepted"}
-    for fam in text_string_to_metric_families(text):
-        for m in fam.samples:
-            n, v = m.name, m.value
-            if n == f"{itl}_sum":
-                s.itl_sum += v
-            elif n == f"{itl}_count":
-                s.itl_count += v
-            elif n in counters:
-                f = field_of[counters[n]]
-                setattr(s, f, getattr(s, f) + v)
-            elif per_pos and n == per_pos:
-                p = m.labels.get("position", "0")
-                s.per_pos[p] = s.per_pos.get(p, 0.0) + v
-            elif n == em.spec_gauges.get("acceptance_length"):
-                s.al = v
-            elif n == em.spec_gauges.get("acceptance_rate"):
-                s.rate = v
-    return s
+    try:
+        return parse_engine_metrics(engine, text, time.time())
+    except ParseError as exc:
+        raise SpecdeployError([Finding("error", "--engine", f"{url.rstrip('/')}/metrics: {exc}",
+                                       "give the --engine that serves --url")]) from None
 
 
 def _chat(url: str, model: str, messages, max_tokens: int, headers: dict) -> int:

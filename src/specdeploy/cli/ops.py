@@ -165,6 +165,8 @@ def register(app: typer.Typer):
                 report = gate(url, engine, levels, requests, max_tokens, prompts, base, k, margin, key, cb)
             except OSError as exc:
                 error("--url", f"cannot reach {url}: {exc}", "check the engine is up")
+            except SpecdeployError as exc:
+                fail(exc)
             prog.update(task, completed=len(levels))
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
