@@ -49,7 +49,9 @@ def write(root: Path, files: dict[str, object]) -> Path:
 
 
 def test_example_inventories_read_the_same(repo, example_inv):
-    v = assert_same(repo / "inventory/example", limits=["gpu-a", "specdeploy_engines", "gpu-a,mon-1"])
+    v = assert_same(repo / "inventory/example", limits=[
+        "gpu-a", "specdeploy_engines", "gpu-a,mon-1", "GPU-A", "gpu-a,,mon-1", "specdeploy_engines:!gpu-b",
+        "all,!gpu-a", "gpu-a :mon-1", "!gpu-a,&specdeploy_engines", "gpu-a:gpu-b:!gpu-b", "ungrouped"])
     assert v["gpu-a"]["specdeploy_api_key_file"] == f"{repo}/inventory/example/../../secrets/example-api-key"
     assert v["gpu-b"]["specdeploy_nccl_env"] == {"NCCL_P2P_LEVEL": "SYS"}
     assert_same(repo / "inventory/b200")
