@@ -148,3 +148,65 @@ def test_nothing_measured_is_no_verdict():
     assert refusal(ok, {"levels": [{"requests": 200, "errors": 0}]}) is None  # 1% exactly is tolerated
     assert "in the baseline" in refusal(ok, {"levels": [{"requests": 100, "errors": 5}]})
     assert decide(ok, 3)[0] == "keep"
+
+
+def _serve_metrics(text: str):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+def test_gate_reads_metrics_as_the_exporter_does():
+    """The gate's reading of /metrics is the exporter's: counters summed over ranks, acceptance gauges averaged
+    over the ranks that report one (0: no figure), inter-token latency sums; no engine metrics is a finding."""
+    from specdeploy.errors import SpecdeployError
+    from specdeploy.exporter import parse_engine_metrics
+    from specdeploy.gate import read_metrics
+    sg = ("# TYPE sglang:spec_accept_length gauge\n"
+          'sglang:spec_accept_length{tp_rank="0"} 3.0\nsglang:spec_accept_length{tp_rank="1"} 0.0\n'
+          'sglang:spec_accept_length{tp_rank="2"} 2.0\n'
+          "# TYPE sglang:spec_accept_rate gauge\n"
+          'sglang:spec_accept_rate{tp_rank="0"} 0.6\nsglang:spec_accept_rate{tp_rank="1"} 0.0\n'
+          'sglang:spec_accept_rate{tp_rank="2"} 0.4\n'
+          "# TYPE sglang:inter_token_latency_seconds histogram\n"
+          'sglang:inter_token_latency_seconds_bucket{le="+Inf"} 40\n'
+          "sglang:inter_token_latency_seconds_sum 2.0\nsglang:inter_token_latency_seconds_count 40\n")
+    vl = ("# TYPE vllm:spec_decode_num_drafts counter\n"
+          'vllm:spec_decode_num_drafts_total{engine="0"} 10\nvllm:spec_decode_num_drafts_total{engine="1"} 6\n'
+          "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
+          'vllm:spec_decode_num_accepted_tokens_total{engine="0"} 20\n'
+          "# TYPE vllm:inter_token_latency_seconds histogram\n"
+          'vllm:inter_token_latency_seconds_bucket{le="+Inf"} 8\n'
+          "vllm:inter_token_latency_seconds_sum 0.4\nvllm:inter_token_latency_seconds_count 8\n")
+    for engine, text in (("sglang", sg), ("vllm", vl), ("vllm", "# TYPE foo counter\nfoo_total 1\n")):
+        srv, url = _serve_metrics(text)
+        try:
+            if text.startswith("# TYPE foo"):
+                with pytest.raises(SpecdeployError) as exc:
+                    read_metrics(url, engine)
+                assert exc.value.problems[0].subject == "--engine" and "/metrics" in exc.value.problems[0].message
+                continue
+            s = read_metrics(url, engine)
+        finally:
+            srv.shutdown()
+        ref = parse_engine_metrics(engine, text, 0.0)
+        assert (s.drafts, s.accepted, s.al, s.rate, s.itl_sum, s.itl_count) == \
+            (ref.drafts, ref.accepted, ref.al, ref.rate, ref.itl_sum, ref.itl_count)
+        if engine == "sglang":
+            assert s.al == pytest.approx(2.5) and s.rate == pytest.approx(0.5)  # rank 1's zeros say nothing
+            assert (s.itl_sum, s.itl_count) == (2.0, 40)
+        else:
+            assert (s.drafts, s.accepted, s.al) == (16, 20, None) and (s.itl_sum, s.itl_count) == (0.4, 8)
