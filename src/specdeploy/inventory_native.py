@@ -60,14 +60,10 @@ class Group:
         self.hosts: list[str] = []
 
     def ancestors(self) -> set[str]:
-        out: set[str] = set()
-        todo = list(self.parents)
-        while todo:
-            g = todo.pop()
-            if g.name not in out:
-                out.add(g.name)
-                todo.extend(g.parents)
-        return out
+        return _reach(self, "parents")
+
+    def descendants(self) -> set[str]:
+        return _reach(self, "children")
 
     def ordered_hosts(self) -> list[str]:
         """Ansible's order: this group's hosts, then its children's, breadth first."""
@@ -172,21 +168,11 @@ class NativeInventory:
 
     def _child(self, parent: str, child: str) -> None:
         p, c = self.groups[parent], self.groups[child]
-        if c is p or p.name in self._descendants(c):
+        if c is p or p.name in c.descendants():
             _fail(f"group {child} under {parent} makes a loop")
         if c not in p.children:
             p.children.append(c)
             c.parents.append(p)
-
-    def _descendants(self, g: Group) -> set[str]:
-        out: set[str] = set()
-        todo = list(g.children)
-        while todo:
-            c = todo.pop()
-            if c.name not in out:
-                out.add(c.name)
-                todo.extend(c.children)
-        return out
 
     def parse_file(self, path: Path) -> None:
         data = _load_file(path)
@@ -454,3 +440,15 @@ def read(path: Path, extra: dict[str, Any]) -> tuple[NativeInventory, dict[str, 
         v = inv.host_vars(h.name, base, extra)
         out[h.name] = {k: (template(val, v) if k.startswith("specdeploy_") else val) for k, val in v.items()}
     return inv, out
+
+
+def _reach(g: "Group", edge: str) -> set[str]:
+    """Names of the groups reachable from g along ``parents`` or ``children`` (g itself only through a loop)."""
+    out: set[str] = set()
+    todo = list(getattr(g, edge))
+    while todo:
+        n = todo.pop()
+        if n.name not in out:
+            out.add(n.name)
+            todo.extend(getattr(n, edge))
+    return out
