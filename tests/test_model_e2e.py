@@ -265,6 +265,8 @@ def test_controller_copy_killed_mid_transfer_resumes_while_the_old_copy_serves(f
     assert rc == 0, out[:6000]
     new = ssh(B, f"readlink {B_MODEL}").strip()
     assert new != old and sums(B, B_MODEL) == local_sums(src)
+    left = subprocess.run(["pgrep", "-af", "rsync .*kimi-k2.5-int4.specdeploy/"], capture_output=True, text=True)
+    assert not left.stdout, f"a copy is still running on the controller: {left.stdout}"
     sent = int(re.search(r"Literal data: ([\d,]+)", out).group(1).replace(",", ""))
     assert sent < 3 * (28 << 20) - (16 << 20), f"the resumed copy sent {sent} bytes again"
     assert sums(B, old).count(".safetensors\n") == 3  # the previous copy is kept

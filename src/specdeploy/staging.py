@@ -279,6 +279,81 @@ def rsync_progress(text: str) -> dict | None:
     return {"bytes": done, "percent": pct, "rate_bps": rate, "eta_s": eta, "line": line}
 
 
+def _start_time(pid: int) -> str | None:
+    """Start time of a process in clock ticks since boot (field 22 of /proc/PID/stat); None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _stop_left_over(pidfile: Path, grace_s: float = 10.0) -> int | None:
+    """Stop the copy recorded in ``pidfile`` when that very process (same pid and start time) still runs: a play
+    that is stopped leaves its copy running, because Ansible's workers run in sessions of their own. Returns the
+    pid that was stopped."""
+    import signal
+    try:
+        pid_s, started = pidfile.read_text().split()
+        pid = int(pid_s)
+    except (OSError, ValueError):
+        return None
+    if pid <= 1 or _start_time(pid) != started:
+        return None  # finished long ago; the pid may belong to another process now
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return pid
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            if _start_time(pid) != started:
+                return pid
+            time.sleep(0.1)
+    return pid
+
+
+def controller_copy(argv: list[str], log: str | Path, keep_lines: int = 60) -> int:
+    """Run one controller-to-host copy (``argv``, rsync) with its output in ``log``, which the deploy front door
+    reads for progress. One copy per log at a time: a copy that an interrupted run left going is stopped first,
+    and this one resumes from what it wrote. Prints the output without progress lines (errors, --stats) and
+    returns the copy's exit code."""
+    import re
+    import signal
+    import subprocess
+    log = Path(log)
+    pidfile = log.with_name(log.name + ".pid")
+    stopped = _stop_left_over(pidfile)
+    if stopped:
+        print(f"stopped the copy (pid {stopped}) that an interrupted run left going; this one resumes it")
+    with log.open("wb") as f:
+        try:
+            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            print(f"ERROR {argv[0]}: {exc}", file=sys.stderr)
+            return 127
+    pidfile.write_text(f"{proc.pid} {_start_time(proc.pid)}")
+
+    def _forward(signum, _frame):  # stopping this wrapper stops the copy
+        proc.terminate()
+
+    old = {s: signal.signal(s, _forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        try:
+            if pidfile.read_text(errors="replace").split()[:1] == [str(proc.pid)]:  # not a newer run's record
+                pidfile.unlink()
+        except OSError:
+            pass
+    text = log.read_bytes().decode("utf-8", "replace").replace("\r", "\n")
+    lines = [ln for ln in text.splitlines() if ln.strip() and not re.search(r"\d+%.*/s", ln)]
+    print("\n".join(lines[-keep_lines:]))
+    return rc
+
+
 def tree_id(src: str | Path) -> str:
     """A content id from names, sizes and mtimes: no weights are read."""
     h = hashlib.sha256()
@@ -572,6 +647,10 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--variable", default="specdeploy_model_path")
     i = sub.add_parser("id", help="content id of a directory (names, sizes, mtimes)")
     i.add_argument("dir")
+    k = sub.add_parser("copy", help="controller side: run one copy (rsync ...) with its output in --log, after "
+                       "stopping a copy an interrupted run left going")
+    k.add_argument("--log", required=True)
+    k.add_argument("argv", nargs=argparse.REMAINDER, help="-- rsync ARGS...")
     a = ap.parse_args(argv)
     try:
         if a.cmd == "verify":
@@ -605,6 +684,12 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "id":
             print(tree_id(a.dir))
             return 0
+        if a.cmd == "copy":
+            argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
+            if not argv:
+                print("ERROR copy: no command given. Fix: staging.py copy --log LOG -- rsync ARGS...", file=sys.stderr)
+                return 2
+            return controller_copy(argv, a.log)
     except (SwitchError, OSError) as exc:
         print(f"ERROR {exc}", file=sys.stderr)
         return 1
