@@ -12,13 +12,11 @@ from __future__ import annotations
 import sys
 
 from ..errors import SpecdeployError
-from . import frontdoor, ops
 from .app import app
 from .options import print_findings
 
-ops.register(app)
-frontdoor.register(app)
-from . import core, drafter, host, nccl, patch, sandbox  # noqa: E402, F401  (their commands come after the above)
+# Each module adds its commands to ``app`` when imported; this order is the order of ``specdeploy --help``.
+from . import ops, frontdoor, core, host, drafter, nccl, patch, sandbox  # noqa: E402, F401, I001
 
 app.add_typer(core.engine_app, name="engine")
 app.add_typer(core.schema_app, name="schema")

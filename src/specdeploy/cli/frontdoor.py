@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from ..errors import SpecdeployError
+from .app import app
 from .options import ExtraVars, Inventory, Json, Limit, error, fail, inventory_optional
 
 if TYPE_CHECKING:  # rich is imported by the commands that draw, not when the CLI loads
@@ -156,95 +157,94 @@ def _status_table(st: dict) -> Table:
     return t
 
 
-def register(app: typer.Typer):
-    for action, doc in (("deploy", "Provision, build, deploy (+gate) and verify through Ansible, one row per host."),
-                        ("rollback", "Roll every host back to its previous release."),
-                        ("verify", "Check every engine answers a real generation.")):
-        def cmd(inventory: str = Inventory, limit: Optional[str] = Limit, extra_vars: Optional[List[str]] = ExtraVars,
-                events: Optional[Path] = typer.Option(None, "--events", help="JSON lines event log (default "
-                                                      ".cache/runs/<time>-<action>/events.jsonl)"),
-                skip_preflight: bool = typer.Option(False, "--skip-preflight"), _action: str = typer.Option(
-                    action, hidden=True)):
-            _playbook(_action, inventory, limit, extra_vars, events, skip_preflight)
-        cmd.__doc__ = doc + " Exit 0 all hosts ok, 1 any host failed, 2 bad input."
-        app.command(action)(cmd)
+for action, doc in (("deploy", "Provision, build, deploy (+gate) and verify through Ansible, one row per host."),
+                    ("rollback", "Roll every host back to its previous release."),
+                    ("verify", "Check every engine answers a real generation.")):
+    def cmd(inventory: str = Inventory, limit: Optional[str] = Limit, extra_vars: Optional[List[str]] = ExtraVars,
+            events: Optional[Path] = typer.Option(None, "--events", help="JSON lines event log (default "
+                                                  ".cache/runs/<time>-<action>/events.jsonl)"),
+            skip_preflight: bool = typer.Option(False, "--skip-preflight"), _action: str = typer.Option(
+                action, hidden=True)):
+        _playbook(_action, inventory, limit, extra_vars, events, skip_preflight)
+    cmd.__doc__ = doc + " Exit 0 all hosts ok, 1 any host failed, 2 bad input."
+    app.command(action)(cmd)
 
-    @app.command("status")
-    def status_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
-                   prometheus: Optional[str] = typer.Option(None, "--prometheus", help="default: the monitoring "
-                                                            "host's :9090"),
-                   as_json: bool = Json, watch: bool = typer.Option(False, "--watch"),
-                   interval: float = typer.Option(5.0, "--interval"),
-                   timeout: float = typer.Option(2.0, "--timeout", help="per host and query, seconds")):
-        """The fleet: up, engine, release, speculation, gate verdict, acceptance, tokens/s, TTFT, restarts."""
-        from ..frontdoor import fleet_status, prometheus_urls, targets
+@app.command("status")
+def status_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
+               prometheus: Optional[str] = typer.Option(None, "--prometheus", help="default: the monitoring "
+                                                        "host's :9090"),
+               as_json: bool = Json, watch: bool = typer.Option(False, "--watch"),
+               interval: float = typer.Option(5.0, "--interval"),
+               timeout: float = typer.Option(2.0, "--timeout", help="per host and query, seconds")):
+    """The fleet: up, engine, release, speculation, gate verdict, acceptance, tokens/s, TTFT, restarts."""
+    from ..frontdoor import fleet_status, prometheus_urls, targets
+    try:
+        hosts, mon = targets(inventory, limit)
+    except SpecdeployError as exc:
+        fail(exc)
+    proms = prometheus_urls(mon, prometheus)
+    out = _console()
+    if watch and not as_json:
+        from rich.live import Live
+        with Live(_status_table(fleet_status(hosts, proms, timeout)), console=out) as live:
+            try:
+                while True:
+                    time.sleep(interval)
+                    live.update(_status_table(fleet_status(hosts, proms, timeout)))
+            except KeyboardInterrupt:
+                pass
+        return
+    while True:
+        st = fleet_status(hosts, proms, timeout)
+        if as_json:
+            print(json.dumps(st), flush=True)
+        else:
+            out.print(_status_table(st))
+        if not watch:
+            break
+        time.sleep(interval)
+    raise typer.Exit(0 if all(r["reachable"] and r.get("up") for r in st["hosts"]) else 1)
+
+@app.command("report")
+def report_cmd(inventory: Optional[str] = inventory_optional(),
+               prometheus: Optional[str] = typer.Option(None, "--prometheus"),
+               range_: str = typer.Option("1h", "--range", help="30m, 1h, 6h, ..."),
+               nccl: Optional[Path] = typer.Option(None, "--nccl", help="`specdeploy nccl tune` result JSON, "
+                                                   "for the all-reduce share"),
+               layers: int = typer.Option(61, "--layers", help="decoder layers (Kimi-K2.5 / DeepSeek-V3: 61)"),
+               k: int = typer.Option(3, "--k", help="draft tokens per step"),
+               out: Path = typer.Option(Path("report.png"), "--out"),
+               as_json: bool = Json):
+    """Key dashboard panels as a PNG from Prometheus: acceptance length, speedup, tokens/s, all-reduce share."""
+    from ..frontdoor import prometheus_urls, targets
+    from ..preflight import parse_seconds
+    from ..report import render
+    secs = parse_seconds(range_)
+    if not secs:
+        error("--range", f"'{range_}' is not a duration", "give a duration like 30m or 1h")
+    if not prometheus and not inventory:
+        error("--prometheus", "no Prometheus given", "give --prometheus URL or -i INVENTORY (its monitoring host)")
+    nccl_data = None
+    if nccl:
+        from ..argcheck import read_json
         try:
-            hosts, mon = targets(inventory, limit)
+            nccl_data = read_json(nccl, "--nccl", "a `specdeploy nccl tune` result JSON")
         except SpecdeployError as exc:
             fail(exc)
-        proms = prometheus_urls(mon, prometheus)
-        out = _console()
-        if watch and not as_json:
-            from rich.live import Live
-            with Live(_status_table(fleet_status(hosts, proms, timeout)), console=out) as live:
-                try:
-                    while True:
-                        time.sleep(interval)
-                        live.update(_status_table(fleet_status(hosts, proms, timeout)))
-                except KeyboardInterrupt:
-                    pass
-            return
-        while True:
-            st = fleet_status(hosts, proms, timeout)
-            if as_json:
-                print(json.dumps(st), flush=True)
-            else:
-                out.print(_status_table(st))
-            if not watch:
-                break
-            time.sleep(interval)
-        raise typer.Exit(0 if all(r["reachable"] and r.get("up") for r in st["hosts"]) else 1)
-
-    @app.command("report")
-    def report_cmd(inventory: Optional[str] = inventory_optional(),
-                   prometheus: Optional[str] = typer.Option(None, "--prometheus"),
-                   range_: str = typer.Option("1h", "--range", help="30m, 1h, 6h, ..."),
-                   nccl: Optional[Path] = typer.Option(None, "--nccl", help="`specdeploy nccl tune` result JSON, "
-                                                       "for the all-reduce share"),
-                   layers: int = typer.Option(61, "--layers", help="decoder layers (Kimi-K2.5 / DeepSeek-V3: 61)"),
-                   k: int = typer.Option(3, "--k", help="draft tokens per step"),
-                   out: Path = typer.Option(Path("report.png"), "--out"),
-                   as_json: bool = Json):
-        """Key dashboard panels as a PNG from Prometheus: acceptance length, speedup, tokens/s, all-reduce share."""
-        from ..frontdoor import prometheus_urls, targets
-        from ..preflight import parse_seconds
-        from ..report import render
-        secs = parse_seconds(range_)
-        if not secs:
-            error("--range", f"'{range_}' is not a duration", "give a duration like 30m or 1h")
-        if not prometheus and not inventory:
-            error("--prometheus", "no Prometheus given", "give --prometheus URL or -i INVENTORY (its monitoring host)")
-        nccl_data = None
-        if nccl:
-            from ..argcheck import read_json
-            try:
-                nccl_data = read_json(nccl, "--nccl", "a `specdeploy nccl tune` result JSON")
-            except SpecdeployError as exc:
-                fail(exc)
-        urls = [prometheus] if prometheus else []
-        if inventory:
-            try:
-                urls = prometheus_urls(targets(inventory)[1], prometheus)
-            except SpecdeployError as exc:
-                fail(exc)
-        errors = []
-        for url in urls:
-            try:
-                res = render(url, out, secs, nccl_data, layers, k)
-                break
-            except OSError as exc:
-                errors.append(f"{url}: {getattr(exc, 'reason', exc)}")
-        else:
-            error("--prometheus", f"cannot query {'; '.join(errors) or 'no Prometheus'}",
-                  "check the monitoring host is up")
-        print(json.dumps(res, indent=2) if as_json else f"wrote {res['png']} from {res['prometheus']}")
+    urls = [prometheus] if prometheus else []
+    if inventory:
+        try:
+            urls = prometheus_urls(targets(inventory)[1], prometheus)
+        except SpecdeployError as exc:
+            fail(exc)
+    errors = []
+    for url in urls:
+        try:
+            res = render(url, out, secs, nccl_data, layers, k)
+            break
+        except OSError as exc:
+            errors.append(f"{url}: {getattr(exc, 'reason', exc)}")
+    else:
+        error("--prometheus", f"cannot query {'; '.join(errors) or 'no Prometheus'}",
+              "check the monitoring host is up")
+    print(json.dumps(res, indent=2) if as_json else f"wrote {res['png']} from {res['prometheus']}")
