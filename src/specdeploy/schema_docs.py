@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -14,6 +15,7 @@ from .schema import FIELDS
 # engine-host set; the others validate what they use.
 _ALL = list(FIELDS)
 ROLE_VARS: dict[str, list[str]] = {
+    "common": ["specdeploy_venv_path"],
     "gpu_host": ["specdeploy_hardware", "specdeploy_hardware_custom", "specdeploy_sandbox", "specdeploy_runtime"],
     "engine_image": ["specdeploy_engine", "specdeploy_engine_version", "specdeploy_engine_patches",
                      "specdeploy_runtime", "specdeploy_image", "specdeploy_venv_path", "specdeploy_sandbox"],
@@ -32,6 +34,8 @@ ROLE_VARS: dict[str, list[str]] = {
     "router": ["specdeploy_router", "specdeploy_router_port", "specdeploy_port", "specdeploy_venv_path"],
 }
 ROLE_DESCRIPTIONS = {
+    "common": "Internal base of the other roles: service user, directories, tools venv, copy to the host, "
+              "release bookkeeping.",
     "gpu_host": "Prepare a GPU host: driver checks, persistence mode, fabric manager, ACS/IOMMU, memlock.",
     "engine_image": "Build or install the engine runtime, patched where the version needs it.",
     "model_store": "Verify the model and drafter on the host, or stage them (controller, shared storage) "
@@ -110,14 +114,30 @@ def _role_names(role: str) -> list[str]:
     return ROLE_VARS[role]
 
 
+ROLES_DIR = Path(__file__).resolve().parents[2] / "ansible" / "roles"
+
+
+def _role_own(role: str) -> tuple[dict, dict]:
+    """The hand-written part of a role's argument specs, kept on regeneration: the main entry point's options
+    for the role's own (non-``specdeploy_*``) variables, and the other entry points (tasks_from files)."""
+    path = ROLES_DIR / role / "meta" / "argument_specs.yml"
+    if not path.is_file():
+        return {}, {}
+    specs = (yaml.safe_load(path.read_text()) or {}).get("argument_specs") or {}
+    own = {n: o for n, o in ((specs.get("main") or {}).get("options") or {}).items() if n not in FIELDS}
+    return own, {k: v for k, v in specs.items() if k != "main"}
+
+
 def argument_specs(role: str) -> dict:
     names = _role_names(role)
+    own, entry_points = _role_own(role)
     return {"argument_specs": {"main": {
         "short_description": ROLE_DESCRIPTIONS[role],
-        "description": ["Generated from specdeploy.schema.HostVars by `specdeploy schema argspec " + role + "`.",
-                        "Do not edit by hand: tests/test_schema.py fails when this file drifts."],
-        "options": {n: field_spec(n) for n in names},
-    }}}
+        "description": ["Generated from specdeploy.schema.HostVars by `specdeploy schema argspec " + role + "`;",
+                        "the role's own options and its other entry points are written here by hand and kept.",
+                        "tests/test_schema.py fails when the generated part drifts."],
+        "options": {n: field_spec(n) for n in names} | own,
+    }, **entry_points}}
 
 
 def role_defaults(role: str) -> dict:
