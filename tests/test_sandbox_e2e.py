@@ -232,6 +232,7 @@ def test_gate_keeps_speculation_that_pays(inv):
 
 
 def test_gate_disables_net_negative_speculation(inv):
+    before = ssh(H2, "cat /var/lib/specdeploy/current").strip()
     rc, out, _ = _gate(inv, "0.15", "2.2")  # poor acceptance, expensive draft (the seeds' 0.66x case)
     try:
         assert rc == 0, out[-3000:]
@@ -246,6 +247,14 @@ def test_gate_disables_net_negative_speculation(inv):
         assert chat(f"http://{H2}:8000")["choices"]  # still serving, without speculation
         rc, out, recap = _gate(inv, "0.15", "2.2")  # the verdict sticks: a re-run changes nothing
         assert rc == 0 and recap["sdhost2"]["changed"] == 0, recap
+        # rollback right after the gate undoes the deploy: back to the release that served before it, not to
+        # the gate's no-drafter baseline nor to the trial release the gate turned down
+        assert ssh(H2, "cat /var/lib/specdeploy/previous").strip() == before
+        rc, out, _ = play(inv, playbook="rollback.yml", limit="sdhost2")
+        assert rc == 0, out[-3000:]
+        assert ssh(H2, "cat /var/lib/specdeploy/current").strip() == before
+        assert "--speculative-config" in ssh(H2, "cat /etc/specdeploy/specdeploy-vllm.argv")
+        assert chat(f"http://{H2}:8000")["choices"]
     finally:
         shutil.rmtree(inv / "host_vars", ignore_errors=True)
 
