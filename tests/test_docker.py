@@ -179,3 +179,61 @@ def test_wheelhouse_cli_rejects_a_bad_target(tmp_path):
     r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "wheelhouse", "--out", str(tmp_path),
                         "--target", "3.11-x86_64"], capture_output=True, text=True)
     assert r.returncode == 2 and "ERROR --target" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("engine,version", [("vllm", "0.16.0"), ("sglang", "0.5.9")])
+def test_api_key_files_are_where_the_unit_reads_them_in_the_form_the_engine_reads(engine, version, tmp_path):
+    """The role writes what plan.secret_files returns; the unit (venv or docker) must point at those very files,
+    and the engine (as the simulator plays it, from the same adapter) must read the key back from them."""
+    from specdeploy.engines import get
+    from specdeploy.plan import render_host, secret_files
+    key = "k3y:with-yaml#chars{}" if engine == "sglang" else "sk-k3y:#={}"
+    for runtime in ("venv", "docker"):
+        hv = _hv(specdeploy_engine=engine, specdeploy_engine_version=version, specdeploy_runtime=runtime,
+                 specdeploy_api_key_file=str(tmp_path / "key"))
+        files = secret_files(hv, key)
+        assert files and all(p.startswith("/etc/specdeploy/secrets/") for p in files)
+        unit = render_host("h", hv).files[f"/etc/systemd/system/specdeploy-{engine}.service"]
+        for path in files:
+            assert path in unit, f"{runtime}: the unit never reads {path}"
+        assert key not in unit and key not in " ".join(render_host("h", hv).argv)
+        assert secret_files(_hv(specdeploy_engine=engine, specdeploy_engine_version=version), key) == {}
+    sim = get(engine).simulation()
+    (path, content), = files.items()
+    if path.endswith(".env"):
+        env = dict(line.split("=", 1) for line in content.splitlines())
+        assert sim.api_key({}, env) == key
+    else:
+        (tmp_path / "cred").write_text(content)
+        assert sim.api_key({"config": str(tmp_path / "cred")}, {}) == key
+
+
+def test_an_api_key_the_env_file_readers_disagree_on_is_refused_with_the_field_and_a_fix(tmp_path):
+    from specdeploy.errors import SpecdeployError
+    from specdeploy.plan import secret_files
+    hv = _hv(specdeploy_api_key_file=str(tmp_path / "key"))
+    for bad in ('a"b', "a b", "a\\b", "", "x'y"):
+        with pytest.raises(SpecdeployError) as e:
+            secret_files(hv, bad)
+        assert "specdeploy_api_key_file" in str(e.value) and "Fix:" in str(e.value)
+
+
+def test_plan_names_the_other_engines_files_for_a_switch():
+    from specdeploy.plan import render_host
+    plan = render_host("h", _hv(specdeploy_engine="sglang", specdeploy_engine_version="0.5.9")).to_dict()
+    (other,) = plan["other_engines"]
+    assert other["engine"] == "vllm" and other["unit"] == "specdeploy-vllm.service"
+    vllm = render_host("h", _hv())
+    assert set(other["files"]) == {p for p in vllm.files if "vllm" in p}  # exactly what a vLLM deploy installs
+
+
+def test_preflight_names_an_api_key_the_engine_could_not_read(tmp_path):
+    from specdeploy.preflight import preflight_host
+    (tmp_path / "key").write_text('my "key"\n')
+    v = {"specdeploy_engine": "vllm", "specdeploy_engine_version": "0.16.0", "specdeploy_hardware": "h200_nvl8",
+         "specdeploy_model_path": "/models/m", "specdeploy_spec_enabled": False,
+         "specdeploy_api_key_file": str(tmp_path / "key")}
+    bad = [f for f in preflight_host("h", v, None).findings if f.subject == "specdeploy_api_key_file"]
+    assert [(f.severity, f.host) for f in bad] == [("error", "h")]
+    (tmp_path / "key").write_text("sk-0123abcd\n")
+    assert not [f for f in preflight_host("h", v, None).findings if f.subject == "specdeploy_api_key_file"]

@@ -39,6 +39,18 @@ def specdeploy_plan(variables, host, overrides=None):
     return render_host(host, hv, v.get("ansible_host", host)).to_dict()
 
 
+def specdeploy_secret_files(variables, host, key=""):
+    """Path -> content of the 0600 files that carry the API key ``key`` to this host's engine, in its adapter's
+    form; empty without specdeploy_api_key_file."""
+    from specdeploy.errors import SpecdeployError
+    from specdeploy.plan import secret_files
+    _, hv = _validated(variables, host)
+    try:
+        return secret_files(hv, key)
+    except SpecdeployError as exc:
+        raise AnsibleFilterError("\n" + str(exc)) from None
+
+
 def specdeploy_profile(variables, host):
     from dataclasses import asdict
     _, hv = _validated(variables, host)

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import nccl_env
-from .engines import get_adapter
+from .engines import get_adapter, names
 from .errors import Finding, SpecdeployError
-from .render.paths import CONFIG_DIR, SERVICE_USER, STATE_DIR, converted_drafter_path, unit_name
+from .render.paths import (CONFIG_DIR, SERVICE_USER, STATE_DIR, converted_drafter_path, engine_files,
+                           secret_path, unit_name)
 from .render.prometheus import render_prometheus
 from .render.runtime import engine_image, exec_argv
 from .render.systemd import jinja_env
@@ -37,6 +38,7 @@ class HostPlan:
     ports: dict[str, int] = field(default_factory=dict)
     health: dict[str, str] = field(default_factory=dict)
     served_model_name: str = ""
+    other_engines: list[dict] = field(default_factory=list)  # what switching away from each other engine removes
 
     def summary(self) -> dict:
         return {"engine": self.engine, "version": self.version, "runtime": self.runtime, "tp": self.tp,
@@ -54,7 +56,7 @@ class HostPlan:
 
     def to_dict(self) -> dict:
         d = self.summary()
-        d.update({"argv": self.argv, "env": self.env, "files": self.files})
+        d.update({"argv": self.argv, "env": self.env, "files": self.files, "other_engines": self.other_engines})
         return d
 
 
@@ -76,9 +78,8 @@ def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan
     ctx = dict(
         host=host, hv=hv, engine=hv.specdeploy_engine, version=hv.specdeploy_engine_version,
         unit=unit, name=name, exec_argv=execv, env_file=f"{CONFIG_DIR}/{name}.env",
-        secret_env_file=(f"{CONFIG_DIR}/secrets/{name}.env"
-                         if hv.specdeploy_api_key_file and cmd.secret_env else None),
-        credential=(f"{cmd.credential}:{CONFIG_DIR}/secrets/{cmd.credential}" if cmd.credential else None),
+        secret_env_file=secret_path(f"{name}.env") if hv.specdeploy_api_key_file and cmd.secret_env else None,
+        credential=f"{cmd.credential}:{secret_path(cmd.credential)}" if cmd.credential else None,
         docker=hv.specdeploy_runtime == "docker",
         user=SERVICE_USER, state_dir=STATE_DIR,
         start_timeout=hv.specdeploy_start_timeout,
@@ -110,7 +111,32 @@ def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan
         ports={"engine": hv.specdeploy_port, "exporter": hv.specdeploy_exporter_port},
         health={"liveness": adapter.health.liveness, "readiness": adapter.health.readiness},
         served_model_name=hv.served_model_name,
+        other_engines=[{"engine": e, "unit": unit_name(e), "files": engine_files(e)}
+                       for e in names() if e != hv.specdeploy_engine],
     )
+
+
+def secret_files(hv: HostVars, key: str) -> dict[str, str]:
+    """Path -> content of the 0600 files that carry the API key ``key`` to the engine, in the form its adapter
+    asks for (environment lines, or a credential file systemd hands over); empty without an API key file."""
+    if not hv.specdeploy_api_key_file:
+        return {}
+    adapter, cmd = engine_command(hv)
+    name = unit_name(hv.specdeploy_engine).removesuffix(".service")
+    out = {}
+    if cmd.secret_env:
+        # One env file, two readers (systemd's EnvironmentFile= and docker --env-file) that quote differently:
+        # only a key that needs no quoting reads the same in both.
+        if not key or any(c.isspace() or c in "\"'\\" for c in key):
+            raise SpecdeployError([Finding(
+                "error", "specdeploy_api_key_file", f"{hv.specdeploy_api_key_file}: the API key is empty or holds "
+                "white space, quotes or backslashes, which systemd and docker read differently from an env file",
+                "use a key of letters, digits and punctuation without quotes or backslashes (e.g. "
+                "`openssl rand -hex 32`)")])
+        out[secret_path(f"{name}.env")] = "".join(f"{var}={key}\n" for var in cmd.secret_env)
+    if cmd.credential:
+        out[secret_path(cmd.credential)] = adapter.credential_content(cmd.credential, key)
+    return out
 
 
 def image_patch_label(hv: HostVars) -> str:

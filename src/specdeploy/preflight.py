@@ -3,6 +3,7 @@ It reads the inventory and controller-side copies of the model/drafter configs; 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from . import drafter as drafter_mod
@@ -122,6 +123,15 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None) -> Report:
         rep.add("warning", "specdeploy_api_key_file", f"{key} does not exist on this machine; the deploy stops "
                 "when it installs the key", "write the API key to that file (one line), or unset the variable",
                 host)
+    elif key:
+        from .plan import secret_files
+        try:  # read as the deploy reads it (Ansible's file lookup drops trailing white space)
+            secret_files(hv, Path(key).read_text(errors="replace").rstrip())
+        except SpecdeployError as exc:
+            rep.extend([replace(f, host=host) for f in exc.problems])
+        except OSError as exc:
+            rep.add("error", "specdeploy_api_key_file", f"{key}: cannot read it ({exc.strerror})",
+                    "make the file readable by the user who runs the deploy", host)
     target = None
     source_findings(hv, "model", rep, host, inv_dir)
     tdir = _local(hv.specdeploy_model_config_copy, hv.specdeploy_model_controller_path, hv.specdeploy_model_path,

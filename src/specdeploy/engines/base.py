@@ -129,6 +129,11 @@ class EngineAdapter:
     def command(self, hv: HostVars, drafter_path: str | None = None) -> Command:
         raise NotImplementedError
 
+    def credential_content(self, name: str, key: str) -> str:
+        """The content of the credential file ``name`` (Command.credential) that carries the API key ``key``:
+        the key alone unless the engine reads another form."""
+        return key + "\n"
+
     def spec_config_problems(self, hv: HostVars, host: str | None) -> list[Finding]:
         return []
 

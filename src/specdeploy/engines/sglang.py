@@ -206,6 +206,10 @@ class SGLang(EngineAdapter):
                                      + "; its size bound is not recorded"))
         return out
 
+    def credential_content(self, name, key):
+        import json
+        return f"api-key: {json.dumps(key)}\n"  # a --config YAML file; a JSON string is a YAML scalar
+
     def command(self, hv, drafter_path=None) -> Command:
         argv = ["python", "-m", "sglang.launch_server",
                 "--model-path", hv.specdeploy_model_path,

@@ -14,6 +14,17 @@ def unit_name(engine: str) -> str:
     return f"specdeploy-{engine}.service"
 
 
+def secret_path(name: str) -> str:
+    """A 0600 file under the secrets directory (the API key in the form the engine reads it)."""
+    return f"{CONFIG_DIR}/secrets/{name}"
+
+
+def engine_files(engine: str) -> list[str]:
+    """The files a deployment installs for an engine's unit: the unit, its environment and its argv record."""
+    stem = unit_name(engine).removesuffix(".service")
+    return [f"/etc/systemd/system/{unit_name(engine)}", f"{CONFIG_DIR}/{stem}.env", f"{CONFIG_DIR}/{stem}.argv"]
+
+
 def converted_drafter_path(hv: HostVars) -> str | None:
     if not (hv.specdeploy_spec_enabled and hv.specdeploy_drafter_path):
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..images import image_tag
 from ..schema import HostVars
-from .paths import CONFIG_DIR, CRED_TOKEN, converted_drafter_path
+from .paths import CONFIG_DIR, CRED_TOKEN, converted_drafter_path, secret_path
 
 
 def gpu_count(hv: HostVars) -> int:
@@ -75,7 +75,7 @@ def exec_argv(hv: HostVars, argv: list[str], image: str | None, secret_env: bool
     name = f"specdeploy-{engine}"
     env_files = [f"{CONFIG_DIR}/{name}.env"]
     if hv.specdeploy_api_key_file and secret_env:
-        env_files.append(f"{CONFIG_DIR}/secrets/{name}.env")
+        env_files.append(secret_path(f"{name}.env"))
     inner, volumes = list(argv), []
     if any(CRED_TOKEN in a for a in inner):
         volumes.append(f"{CRED_TOKEN}:/run/specdeploy-credentials:ro")
