@@ -225,42 +225,66 @@ def test_a_third_copy_prunes_the_first_and_keeps_the_previous_and_partials(model
 
 
 def _alive(pid: int) -> bool:
-    return staging._start_time(pid) is not None and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+    try:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+    except OSError:
+        return False
 
 
 def test_controller_copy_stops_the_copy_an_interrupted_run_left_going(tmp_path):
     """Stopping a play leaves its copy running (Ansible's workers run in sessions of their own): the next copy to
-    the same log stops that one first, and only that one."""
+    the same destination stops that one first, and only that one."""
     log = tmp_path / "stage.log"
     script = [sys.executable, "-m", "specdeploy.staging", "copy", "--log", str(log), "--"]
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    first = subprocess.Popen(script + ["sh", "-c", "printf '  1,024  10%%   1.00MB/s    0:00:09\\r'; exec sleep 60"],
-                             env=env, start_new_session=True)
+    dest = "root@10.0.0.9:/srv/models/.m.specdeploy/x.partial/"
+    first = subprocess.Popen(script + ["sh", "-c", "printf '  1,024  10%%   1.00MB/s    0:00:09\\r'; exec sleep 60",
+                                       dest], env=env, start_new_session=True)
     pidfile = log.with_name(log.name + ".pid")
     deadline = time.time() + 20
     while not pidfile.exists() and time.time() < deadline:
         time.sleep(0.05)
-    orphan = int(pidfile.read_text().split()[0])
+    orphan = json.loads(pidfile.read_text())["pid"]
     first.kill()  # the wrapper dies as a killed worker would; its copy goes on
     first.wait()
     assert _alive(orphan)
     bystander = subprocess.Popen(["sleep", "60"])  # same command, not recorded: must survive
     try:
-        r = subprocess.run(script + ["sh", "-c", "echo 'Literal data: 5 bytes'; echo '  99  100%  2.00MB/s  0:00:00'"],
-                           env=env, capture_output=True, text=True, timeout=60)
+        # another destination (another fleet's host of the same name): its copy is not this one's to stop
+        r = subprocess.run(script + ["sh", "-c", "true", "root@10.9.9.9:/srv/x/"], env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0 and "stopped" not in r.stdout and _alive(orphan)
+        pidfile.write_text(json.dumps({"pid": orphan, "start": staging._start_time(orphan), "dest": dest}))
+        r = subprocess.run(script + ["sh", "-c", "echo 'Literal data: 5 bytes'; echo '  99  100%  2.00MB/s  0:00:00'",
+                                     dest], env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         assert f"stopped the copy (pid {orphan})" in r.stdout and "Literal data: 5 bytes" in r.stdout
         assert "100%" not in r.stdout  # progress goes to the log only
         assert not _alive(orphan) and _alive(bystander.pid)
         assert not pidfile.exists()
-        pidfile.write_text(f"{bystander.pid} 1")  # a recorded pid that now names another process: left alone
-        r = subprocess.run(script + ["false"], env=env, capture_output=True, text=True, timeout=60)
-        assert r.returncode == 1 and "stopped" not in r.stdout and _alive(bystander.pid)
+        # a recorded pid that now names another process (its start time differs): left alone
+        pidfile.write_text(json.dumps({"pid": bystander.pid, "start": "1", "dest": dest}))
+        r = subprocess.run(script + ["sh", "-c", "exit 3", dest], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 3 and "stopped" not in r.stdout and _alive(bystander.pid)
     finally:
         bystander.kill()
         bystander.wait()
         if _alive(orphan):
             os.kill(orphan, signal.SIGKILL)
+
+
+def test_controller_copy_never_leaves_its_copy_unrecorded(tmp_path):
+    """When the wrapper cannot keep its record (here the record's place is a directory), it stops its copy
+    instead of leaving it running where no later run would find it."""
+    log = tmp_path / "stage.log"
+    (tmp_path / "stage.log.pid.tmp").mkdir()
+    marker = tmp_path / "still-running"
+    r = subprocess.run([sys.executable, "-m", "specdeploy.staging", "copy", "--log", str(log), "--", "sh", "-c",
+                        f"sleep 3; touch {marker}", "dest"], env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    time.sleep(4)
+    assert not marker.exists()
 
 
 def test_controller_copy_without_a_command_is_a_clean_error(tmp_path):

@@ -252,10 +252,13 @@ def listing(src: Path) -> list[tuple[str, int, int]]:
 
 
 def controller_log(host: str, kind: str) -> Path:
-    """Where a `controller` copy's rsync progress is written on the controller, for the deploy front door."""
-    import tempfile
+    """Where a `controller` copy's rsync progress is written on the controller, for the deploy front door: a
+    directory of the user's own (the record of the running copy sits beside the log, and decides what a later
+    copy stops)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdeploy" / "stage"
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in host)
-    return Path(tempfile.gettempdir()) / f"specdeploy-stage-{safe}-{kind}.log"
+    return base / f"{safe}-{kind}.log"
 
 
 _UNITS = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
@@ -288,23 +291,27 @@ def _start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def _stop_left_over(pidfile: Path, grace_s: float = 10.0) -> int | None:
-    """Stop the copy recorded in ``pidfile`` when that very process (same pid and start time) still runs: a play
-    that is stopped leaves its copy running, because Ansible's workers run in sessions of their own. Returns the
-    pid that was stopped."""
+def _stop_left_over(pidfile: Path, dest: str, grace_s: float = 10.0) -> int | None:
+    """Stop the copy recorded in ``pidfile`` when that very process (same pid and start time, a record of this
+    user's, the same destination) still runs: a play that is stopped leaves its copy running, because Ansible's
+    workers run in sessions of their own. Returns the pid that was stopped."""
     import signal
     try:
-        pid_s, started = pidfile.read_text().split()
-        pid = int(pid_s)
-    except (OSError, ValueError):
+        if pidfile.stat().st_uid != os.getuid():
+            return None
+        rec = json.loads(pidfile.read_text())
+        pid, started = int(rec["pid"]), str(rec["start"])
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    if pid <= 1 or _start_time(pid) != started:
-        return None  # finished long ago; the pid may belong to another process now
+    if pid <= 1 or rec.get("dest") != dest or _start_time(pid) != started:
+        return None  # another copy's record, or finished long ago (the pid may name another process now)
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
             return pid
+        except PermissionError:
+            return None
         end = time.monotonic() + wait
         while time.monotonic() < end:
             if _start_time(pid) != started:
@@ -314,39 +321,50 @@ def _stop_left_over(pidfile: Path, grace_s: float = 10.0) -> int | None:
 
 
 def controller_copy(argv: list[str], log: str | Path, keep_lines: int = 60) -> int:
-    """Run one controller-to-host copy (``argv``, rsync) with its output in ``log``, which the deploy front door
-    reads for progress. One copy per log at a time: a copy that an interrupted run left going is stopped first,
-    and this one resumes from what it wrote. Prints the output without progress lines (errors, --stats) and
-    returns the copy's exit code."""
+    """Run one controller-to-host copy (``argv``, rsync; its last argument the destination) with its output in
+    ``log``, which the deploy front door reads for progress. One copy per destination at a time: a copy that an
+    interrupted run left going is stopped first, and this one resumes from what it wrote. Prints the output
+    without progress lines (errors, --stats) and returns the copy's exit code."""
     import re
     import signal
     import subprocess
     log = Path(log)
     pidfile = log.with_name(log.name + ".pid")
-    stopped = _stop_left_over(pidfile)
+    stopped = _stop_left_over(pidfile, argv[-1])
     if stopped:
         print(f"stopped the copy (pid {stopped}) that an interrupted run left going; this one resumes it")
-    with log.open("wb") as f:
-        try:
-            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        except OSError as exc:
-            print(f"ERROR {argv[0]}: {exc}", file=sys.stderr)
-            return 127
-    pidfile.write_text(f"{proc.pid} {_start_time(proc.pid)}")
+    proc = None
+    stopping = []
 
     def _forward(signum, _frame):  # stopping this wrapper stops the copy
-        proc.terminate()
+        stopping.append(signum)
+        if proc is not None:
+            proc.terminate()
 
     old = {s: signal.signal(s, _forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
+        with log.open("wb") as f:
+            try:
+                proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            except OSError as exc:
+                print(f"ERROR {argv[0]}: {exc}", file=sys.stderr)
+                return 127
+        if stopping:
+            proc.terminate()
+        tmp = pidfile.with_name(pidfile.name + ".tmp")
+        tmp.write_text(json.dumps({"pid": proc.pid, "start": _start_time(proc.pid), "dest": argv[-1]}))
+        os.replace(tmp, pidfile)
         rc = proc.wait()
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        if proc is not None and proc.poll() is None:  # this wrapper failed: never leave the copy unrecorded
+            proc.terminate()
+            proc.wait()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
         try:
-            if pidfile.read_text(errors="replace").split()[:1] == [str(proc.pid)]:  # not a newer run's record
+            if proc is not None and json.loads(pidfile.read_text()).get("pid") == proc.pid:  # not a newer run's
                 pidfile.unlink()
-        except OSError:
+        except (OSError, ValueError, AttributeError):
             pass
     text = log.read_bytes().decode("utf-8", "replace").replace("\r", "\n")
     lines = [ln for ln in text.splitlines() if ln.strip() and not re.search(r"\d+%.*/s", ln)]
