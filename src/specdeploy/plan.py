@@ -11,7 +11,7 @@ from pathlib import Path
 from . import nccl_env
 from .engines import get_adapter, names
 from .errors import Finding, SpecdeployError
-from .render.paths import (CONFIG_DIR, SERVICE_USER, STATE_DIR, converted_drafter_path, engine_files,
+from .render.paths import (SERVICE_USER, STATE_DIR, converted_drafter_path, engine_files, secret_env_path,
                            secret_path, unit_name)
 from .render.prometheus import render_prometheus
 from .render.runtime import engine_image, exec_argv
@@ -74,11 +74,13 @@ def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan
     image = engine_image(hv)
     unit = unit_name(hv.specdeploy_engine)
     name = unit.removesuffix(".service")
+    unit_path, env_path, argv_path = engine_files(hv.specdeploy_engine)  # the same list an engine switch removes
     execv = exec_argv(hv, cmd.argv, image, bool(cmd.secret_env))
     ctx = dict(
         host=host, hv=hv, engine=hv.specdeploy_engine, version=hv.specdeploy_engine_version,
-        unit=unit, name=name, exec_argv=execv, env_file=f"{CONFIG_DIR}/{name}.env",
-        secret_env_file=secret_path(f"{name}.env") if hv.specdeploy_api_key_file and cmd.secret_env else None,
+        unit=unit, name=name, exec_argv=execv, env_file=env_path,
+        secret_env_file=secret_env_path(hv.specdeploy_engine) if hv.specdeploy_api_key_file and cmd.secret_env
+        else None,
         credential=f"{cmd.credential}:{secret_path(cmd.credential)}" if cmd.credential else None,
         docker=hv.specdeploy_runtime == "docker",
         user=SERVICE_USER, state_dir=STATE_DIR,
@@ -86,12 +88,12 @@ def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan
     )
     j = jinja_env()
     files = {
-        f"/etc/systemd/system/{unit}": j.get_template("engine.service.j2").render(**ctx),
+        unit_path: j.get_template("engine.service.j2").render(**ctx),
         # One reader per env file: the container (docker --env-file) or systemd (venv), each in its own syntax.
         ctx["env_file"]: j.get_template("engine.env.j2").render(env=sorted(env.items()), nccl_source=nccl_source,
                                                                   host=host, consumer="docker" if ctx["docker"]
                                                                   else "systemd"),
-        f"{CONFIG_DIR}/{name}.argv": " ".join(shlex.quote(a) for a in cmd.argv) + "\n",
+        argv_path: " ".join(shlex.quote(a) for a in cmd.argv) + "\n",
     }
     exp_argv = [f"{hv.specdeploy_venv_path}/bin/specdeploy", "exporter", "--engine", hv.specdeploy_engine,
                 "--engine-url", f"http://127.0.0.1:{hv.specdeploy_port}",
@@ -122,7 +124,6 @@ def secret_files(hv: HostVars, key: str) -> dict[str, str]:
     if not hv.specdeploy_api_key_file:
         return {}
     adapter, cmd = engine_command(hv)
-    name = unit_name(hv.specdeploy_engine).removesuffix(".service")
     out = {}
     if cmd.secret_env:
         # One env file, two readers (systemd's EnvironmentFile= and docker --env-file) that quote differently:
@@ -133,7 +134,7 @@ def secret_files(hv: HostVars, key: str) -> dict[str, str]:
                 "white space, quotes or backslashes, which systemd and docker read differently from an env file",
                 "use a key of letters, digits and punctuation without quotes or backslashes (e.g. "
                 "`openssl rand -hex 32`)")])
-        out[secret_path(f"{name}.env")] = "".join(f"{var}={key}\n" for var in cmd.secret_env)
+        out[secret_env_path(hv.specdeploy_engine)] = "".join(f"{var}={key}\n" for var in cmd.secret_env)
     if cmd.credential:
         out[secret_path(cmd.credential)] = adapter.credential_content(cmd.credential, key)
     return out

@@ -25,6 +25,11 @@ def engine_files(engine: str) -> list[str]:
     return [f"/etc/systemd/system/{unit_name(engine)}", f"{CONFIG_DIR}/{stem}.env", f"{CONFIG_DIR}/{stem}.argv"]
 
 
+def secret_env_path(engine: str) -> str:
+    """The engine's second env file, holding only the API key (EnvironmentFile= or docker --env-file)."""
+    return secret_path(unit_name(engine).removesuffix(".service") + ".env")
+
+
 def converted_drafter_path(hv: HostVars) -> str | None:
     if not (hv.specdeploy_spec_enabled and hv.specdeploy_drafter_path):
         return None

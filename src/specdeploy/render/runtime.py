@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..images import image_tag
 from ..schema import HostVars
-from .paths import CONFIG_DIR, CRED_TOKEN, converted_drafter_path, secret_path
+from .paths import CRED_TOKEN, converted_drafter_path, engine_files, secret_env_path, unit_name
 
 
 def gpu_count(hv: HostVars) -> int:
@@ -72,10 +72,10 @@ def exec_argv(hv: HostVars, argv: list[str], image: str | None, secret_env: bool
         if argv[0] == "python":
             return [f"{hv.specdeploy_venv_path}/bin/python"] + argv[1:]
         return [f"{hv.specdeploy_venv_path}/bin/{argv[0]}"] + argv[1:]
-    name = f"specdeploy-{engine}"
-    env_files = [f"{CONFIG_DIR}/{name}.env"]
+    name = unit_name(engine).removesuffix(".service")  # the container is named as the unit
+    env_files = [engine_files(engine)[1]]
     if hv.specdeploy_api_key_file and secret_env:
-        env_files.append(secret_path(f"{name}.env"))
+        env_files.append(secret_env_path(engine))
     inner, volumes = list(argv), []
     if any(CRED_TOKEN in a for a in inner):
         volumes.append(f"{CRED_TOKEN}:/run/specdeploy-credentials:ro")
