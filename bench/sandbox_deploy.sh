@@ -12,7 +12,7 @@ t() { local s; s=$(date +%s.%N); "$@" > "$LOG" 2>&1 || { tail -20 "$LOG"; exit 1
       python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):7.1f} s')" "$s" "$(date +%s.%N)"; }
 fresh() { specdeploy sandbox down >/dev/null 2>&1 || true; specdeploy sandbox up --hosts "$N" --runtime "$1" >/dev/null 2>&1; }
 on_hosts() { for h in $(specdeploy sandbox status | cut -f2); do
-  ssh -i /var/lib/specdeploy-sandbox/id_ed25519 -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+  ssh -i "${SPECDEPLOY_SANDBOX_STATE:-/var/lib/specdeploy-sandbox}/id_ed25519" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
       -o LogLevel=ERROR "root@$h" "$1"; done; }
 play() { ansible-playbook -i inventory/sandbox "ansible/$1"; }
 

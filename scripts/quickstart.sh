@@ -16,7 +16,7 @@ ansible-playbook -i inventory/sandbox ansible/site.yml
 echo "== engine containers (docker ps on each host)"
 for h in $(specdeploy sandbox status | cut -f2); do
   echo "-- $h"
-  ssh -i /var/lib/specdeploy-sandbox/id_ed25519 -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+  ssh -i "${SPECDEPLOY_SANDBOX_STATE:-/var/lib/specdeploy-sandbox}/id_ed25519" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
       -o LogLevel=ERROR "root@$h" "docker ps --format '{{.Names}}  {{.Image}}  {{.Status}}'"
 done
 echo "== done: engines at http://10.231.1.2:8000 and http://10.231.2.2:8000, router at http://10.231.1.2:30080,"

@@ -34,9 +34,17 @@ ARCH = "9.0 10.0"
 def inv(tmp_path_factory):
     import yaml
     from specdeploy.testing import sandbox
+    from specdeploy.testing.fixtures import drafter_config, write_drafter, write_model
     sandbox.down()  # fresh hosts: the first deploy starts from bare Debian
+    # what older code left on a machine: a target with config.json only; up and artifacts() must rebuild it
+    stale = sandbox.STATE / "artifacts"
+    write_model(stale / sandbox.ARTIFACT_MODEL, json.loads((REPO / "examples/models/kimi-k2.5-int4/config.json")
+                                                           .read_text()), shards=1)
+    write_drafter(stale / sandbox.ARTIFACT_DRAFTER, drafter_config(eagle_config=None))
     hosts = sandbox.up(2)
     sandbox.artifacts()
+    assert (stale / sandbox.ARTIFACT_MODEL / "tokenizer_config.json").is_file()
+    assert len(list((stale / sandbox.ARTIFACT_MODEL).glob("model-*.safetensors"))) == 3
     d = sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm", "docker")
     gv = d / "group_vars" / "specdeploy_engines.yml"
     data = yaml.safe_load(gv.read_text())

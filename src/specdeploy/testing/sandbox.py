@@ -17,6 +17,7 @@ from pathlib import Path
 from ..engines import DEFAULT as DEFAULT_ENGINE
 from ..engines import get as get_engine
 from ..errors import Finding, SpecdeployError
+from . import cache as _cache
 
 CACHE = Path(os.environ.get("SPECDEPLOY_SANDBOX_CACHE", "/var/cache/specdeploy"))
 STATE = Path(os.environ.get("SPECDEPLOY_SANDBOX_STATE", "/var/lib/specdeploy-sandbox"))
@@ -30,8 +31,11 @@ PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "pyt
 NSPAWN_DOCKER = ["--capability=all", "--system-call-filter=@keyring bpf"]
 CGROUP_CONTROLLERS = ["cpuset", "cpu", "cpuacct", "blkio", "memory", "devices", "freezer", "pids"]
 BASE_IMAGE_IN_HOST = "/opt/specdeploy-sandbox/base-image.tar"
-ROOTFS_LAYOUT = "2"  # bump when rootfs() writes different files
+ROOTFS_LAYOUT = "3"  # bump when the meaning of a package or file changes without its text changing
 NSPAWN_RUNTIME = Path("/run/systemd/nspawn")
+# machine-wide: one up/down at a time, and which state directory runs each host name
+SANDBOX_LOCK = Path("/run/lock/specdeploy-sandbox.lock")
+HOSTS_RUN = Path("/run/specdeploy-sandbox")
 NET_PREFIX = "10.231"
 
 
@@ -83,29 +87,54 @@ def _require_root():
                                            "bash scripts/setup.sh installs systemd-container, iproute2, debootstrap")])
 
 
+SUITE = "bookworm"
+SSHD_CONFIG = "PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n"
+CACHE_LOCK = "cache.lock"
+
+
+def rootfs_key() -> str:
+    """What the rootfs is made of: the suite, the packages and the files rootfs() writes into it."""
+    return _cache.inputs_key(SUITE, " ".join(PACKAGES), ROOTFS_LAYOUT, SSHD_CONFIG, _prepare_rootfs, cgroup_unit,
+                             _write_docker_setup)
+
+
+def rootfs_path() -> Path:
+    return CACHE / f"rootfs-{SUITE}-{rootfs_key()[:16]}"
+
+
+def _lower_dirs_in_use() -> str:
+    try:
+        return Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return ""
+
+
 def rootfs(progress=None) -> Path:
-    """The cached bookworm rootfs (debootstrap once, ~1-2 minutes; reused afterwards)."""
-    root = CACHE / "rootfs-bookworm"
-    stamp = root / ".specdeploy-rootfs"
-    want = " ".join(PACKAGES) + f" layout={ROOTFS_LAYOUT}"
-    if stamp.is_file() and stamp.read_text().strip() == want:
-        return root
-    tmp = CACHE / "rootfs-bookworm.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    CACHE.mkdir(parents=True, exist_ok=True)
-    if progress:
-        progress("debootstrap bookworm (cached after the first run)")
-    _run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", "bookworm", str(tmp), MIRROR],
-         timeout=1200)
-    # sshd: keys only; no first-boot wait for network
-    sshd = tmp / "etc/ssh/sshd_config.d/specdeploy.conf"
-    sshd.write_text("PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n")
-    (tmp / "etc/systemd/system/systemd-networkd-wait-online.service").symlink_to("/dev/null")
-    _write_docker_setup(tmp)
-    (tmp / ".specdeploy-rootfs").write_text(want + "\n")
-    shutil.rmtree(root, ignore_errors=True)
-    tmp.rename(root)
+    """The cached bookworm rootfs, keyed by its inputs (debootstrap once, ~1-2 minutes; reused while the
+    package list and the files written into it stay the same). Built beside its final place and renamed in;
+    a failed debootstrap unmounts what it mounted and leaves nothing behind."""
+    final = rootfs_path()
+
+    def build(tmp: Path):
+        if progress:
+            progress(f"debootstrap {SUITE} into {final.name} (cached by content)")
+        _run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(tmp), MIRROR],
+             timeout=1200)
+        _prepare_rootfs(tmp)
+
+    root = _cache.build_entry(final, rootfs_key(), build, CACHE / CACHE_LOCK, "sandbox rootfs build", progress)
+    mounts = _lower_dirs_in_use()
+    _cache.prune(CACHE, f"rootfs-{SUITE}*", keep=root, in_use=lambda p: f"lowerdir={p}" in mounts)
     return root
+
+
+def _prepare_rootfs(tmp: Path):
+    # sshd: keys only; no first-boot wait for network
+    (tmp / "etc/ssh/sshd_config.d/specdeploy.conf").write_text(SSHD_CONFIG)
+    wait_online = tmp / "etc/systemd/system/systemd-networkd-wait-online.service"
+    wait_online.unlink(missing_ok=True)
+    wait_online.symlink_to("/dev/null")
+    _write_docker_setup(tmp)
 
 
 def cgroup_unit() -> str:
@@ -135,49 +164,53 @@ def _write_docker_setup(root: Path):
     (root / "etc/docker/daemon.json").write_text(json.dumps({"storage-driver": "overlay2"}) + "\n")
 
 
+IMAGE_LAYOUT = "3"  # bump when base_image() writes a different archive
+
+
 def base_image_tag(root: Path) -> str:
-    import hashlib
-    blob = (root / ".specdeploy-rootfs").read_bytes() + b"image layout 2"  # bump when base_image() changes
-    return "specdeploy-sandbox/base:" + hashlib.sha256(blob).hexdigest()[:12]
+    """The base image's tag, from the rootfs's key (which names everything in it) and the archive layout."""
+    key = _cache.key_of(root) or rootfs_key()
+    return "specdeploy-sandbox/base:" + _cache.inputs_key(key, IMAGE_LAYOUT)[:12]
 
 
 def base_image(root: Path, progress=None) -> Path:
     """The cached rootfs as a ``docker save`` archive (one layer), loaded on the hosts by the engine_image role:
-    the base the sandbox engine images are built FROM, since Docker Hub is out of reach."""
+    the base the sandbox engine images are built FROM, since Docker Hub is out of reach. Keyed by its tag."""
     import hashlib
-    out = CACHE / "base-image.tar"
     tag = base_image_tag(root)
-    stamp = CACHE / "base-image.tag"
-    if out.is_file() and stamp.is_file() and stamp.read_text().strip() == tag:
-        return out
-    if progress:
-        progress(f"base image {tag} from the rootfs")
-    work = CACHE / "base-image.d"
-    shutil.rmtree(work, ignore_errors=True)
-    (work / "layer").mkdir(parents=True)
-    layer = work / "layer" / "layer.tar"
-    _run(["tar", "-C", str(root), "--numeric-owner", "--exclude=./proc/*", "--exclude=./sys/*", "--exclude=./dev/*",
-          "--exclude=./run/*", "--exclude=./var/lib/docker/*", "--exclude=./var/cache/apt/archives/*.deb",
-          "--exclude=./.specdeploy-rootfs", "-cf", str(layer), "."], timeout=600)
-    h = hashlib.sha256()
-    with open(layer, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    config = json.dumps({"architecture": "amd64", "os": "linux",
-                         "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-                                    "Cmd": ["/bin/bash"]},
-                         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{h.hexdigest()}"]},
-                         "history": [{"created_by": "specdeploy sandbox: debootstrap rootfs"}]}).encode()
-    cfg_name = hashlib.sha256(config).hexdigest() + ".json"
-    (work / cfg_name).write_bytes(config)
-    (work / "manifest.json").write_text(json.dumps([{"Config": cfg_name, "RepoTags": [tag],
-                                                      "Layers": ["layer/layer.tar"]}]))
-    tmp = CACHE / "base-image.tar.tmp"
-    _run(["tar", "-C", str(work), "-cf", str(tmp), "manifest.json", cfg_name, "layer"], timeout=600)
-    tmp.rename(out)
-    shutil.rmtree(work, ignore_errors=True)
-    stamp.write_text(tag + "\n")
-    return out
+    final = CACHE / f"base-image-{tag.rsplit(':', 1)[1]}"
+
+    def build(work: Path):
+        if progress:
+            progress(f"base image {tag} from the rootfs")
+        (work / "layer").mkdir(parents=True)
+        layer = work / "layer" / "layer.tar"
+        _run(["tar", "-C", str(root), "--numeric-owner", "--exclude=./proc/*", "--exclude=./sys/*",
+              "--exclude=./dev/*", "--exclude=./run/*", "--exclude=./var/lib/docker/*",
+              "--exclude=./var/cache/apt/archives/*.deb", f"--exclude=./{_cache.KEY_FILE}", "-cf", str(layer), "."],
+             timeout=600)
+        h = hashlib.sha256()
+        with open(layer, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        config = json.dumps({"architecture": "amd64", "os": "linux",
+                             "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                                        "Cmd": ["/bin/bash"]},
+                             "rootfs": {"type": "layers", "diff_ids": [f"sha256:{h.hexdigest()}"]},
+                             "history": [{"created_by": "specdeploy sandbox: debootstrap rootfs"}]}).encode()
+        cfg_name = hashlib.sha256(config).hexdigest() + ".json"
+        (work / cfg_name).write_bytes(config)
+        (work / "manifest.json").write_text(json.dumps([{"Config": cfg_name, "RepoTags": [tag],
+                                                          "Layers": ["layer/layer.tar"]}]))
+        _run(["tar", "-C", str(work), "-cf", str(work / "base-image.tar"), "manifest.json", cfg_name, "layer"],
+             timeout=600)
+        _cache.remove_tree(work / "layer")
+        (work / cfg_name).unlink()
+        (work / "manifest.json").unlink()
+
+    d = _cache.build_entry(final, tag, build, CACHE / CACHE_LOCK, "sandbox base image build", progress)
+    _cache.prune(CACHE, "base-image*", keep=d)
+    return d / "base-image.tar"
 
 
 def keypair() -> tuple[Path, str]:
@@ -264,8 +297,37 @@ def hosts_from_state() -> list[SandboxHost]:
     return [SandboxHost(**d) for d in json.loads(f.read_text())]
 
 
+def _owner_file(h: SandboxHost) -> Path:
+    return HOSTS_RUN / f"{h.name}.json"
+
+
+def _check_owner(h: SandboxHost):
+    """Host names, network namespaces and veths are machine-wide: a host that another state directory runs is
+    refused, never taken over."""
+    f = _owner_file(h)
+    try:
+        owner = json.loads(f.read_text()) if f.is_file() else None
+    except (OSError, ValueError):
+        owner = None
+    if not isinstance(owner, dict) or owner.get("state") == str(STATE):
+        return
+    pid = owner.get("pid")
+    alive = isinstance(pid, int) and pid > 0 and Path(f"/proc/{pid}").exists()
+    if alive:
+        raise SpecdeployError([Finding(
+            "error", h.name, f"already up, from the sandbox state {owner.get('state')} (nspawn pid {pid})",
+            f"stop it first: SPECDEPLOY_SANDBOX_STATE={owner.get('state')} specdeploy sandbox down")])
+
+
 def up(n: int = 2, progress=None) -> list[SandboxHost]:
+    """Boot N hosts (or keep those already running). One ``up`` or ``down`` at a time on this machine: a second
+    one waits for the first (a lock), then finds its hosts running."""
     _require_root()
+    with _cache.locked(SANDBOX_LOCK, "sandbox up/down", progress):
+        return _up(n, progress)
+
+
+def _up(n: int, progress=None) -> list[SandboxHost]:
     lower = rootfs(progress)
     base = base_image(lower, progress)
     key, pub = keypair()
@@ -275,6 +337,7 @@ def up(n: int = 2, progress=None) -> list[SandboxHost]:
     for h in hosts:
         if progress:
             progress(f"boot {h.name} ({h.address})")
+        _check_owner(h)
         _net_up(h)
         if _pid(h):
             continue
@@ -295,6 +358,8 @@ def up(n: int = 2, progress=None) -> list[SandboxHost]:
                               f"--bind-ro={base}:{BASE_IMAGE_IN_HOST}"],
                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         (h.dir / "nspawn.pid").write_text(str(p.pid))
+        HOSTS_RUN.mkdir(parents=True, exist_ok=True)
+        _owner_file(h).write_text(json.dumps({"state": str(STATE), "pid": p.pid}))
     existing = {x.name: x for x in hosts_from_state()}
     existing.update({h.name: h for h in hosts})
     STATE.mkdir(parents=True, exist_ok=True)
@@ -319,18 +384,32 @@ def stop_host(h: SandboxHost, timeout: float = 30):
 
 
 def down(progress=None):
+    """Stop every host of this state directory and remove all the sandbox made in it: overlays, networks,
+    host directories, keys and artifacts. The content-keyed caches (rootfs, base image) stay."""
     _require_root()
-    for h in hosts_from_state():
-        if progress:
-            progress(f"stop {h.name}")
-        stop_host(h)
-        merged = h.dir / "merged"
-        if _run(["mountpoint", "-q", str(merged)], check=False).returncode == 0:
-            _run(["umount", str(merged)], check=False)
-        _run(["ip", "link", "del", h.veth_host], check=False)
-        _run(["ip", "netns", "del", h.netns], check=False)
-        shutil.rmtree(h.dir, ignore_errors=True)
-    (STATE / "hosts.json").unlink(missing_ok=True)
+    with _cache.locked(SANDBOX_LOCK, "sandbox up/down", progress):
+        for h in hosts_from_state():
+            if progress:
+                progress(f"stop {h.name}")
+            stop_host(h)
+            merged = h.dir / "merged"
+            if _run(["mountpoint", "-q", str(merged)], check=False).returncode == 0:
+                _run(["umount", str(merged)], check=False)
+            _run(["ip", "link", "del", h.veth_host], check=False)
+            _run(["ip", "netns", "del", h.netns], check=False)
+            _cache.remove_tree(h.dir)
+            owner = _owner_file(h)
+            try:
+                if json.loads(owner.read_text()).get("state") == str(STATE):
+                    owner.unlink()
+            except (OSError, ValueError, AttributeError):
+                pass
+        for name in ("hosts.json", "id_ed25519", "id_ed25519.pub", "artifacts.lock"):
+            (STATE / name).unlink(missing_ok=True)
+        for d in ("hosts", "artifacts"):
+            _cache.remove_tree(STATE / d)
+        for left in STATE.glob(".artifacts.*"):
+            _cache.remove_tree(left)
 
 
 def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = DEFAULT_ENGINE,
@@ -372,22 +451,42 @@ def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = DEFAULT_
         "specdeploy_engine_env": {"SPECDEPLOY_SIM_LOAD_SECONDS": "3", "SPECDEPLOY_SIM_STEP_MS": "5"},
     }
     if runtime == "docker":
-        gv["engine_image_sandbox_base"] = base_image_tag(CACHE / "rootfs-bookworm")
+        gv["engine_image_sandbox_base"] = base_image_tag(rootfs_path())
     (dest / "group_vars" / "specdeploy_engines.yml").write_text(
         "---\n# Written by `specdeploy sandbox up`; edit freely (e.g. specdeploy_engine: sglang).\n"
         + yaml.safe_dump(gv, sort_keys=False))
     return dest
 
 
-def artifacts() -> Path:
-    """A realistic-size sparse EAGLE-3 drafter for the sandbox (trained-convention: vLLM ids, layers.0.*)."""
-    from .fixtures import drafter_config, write_drafter
-    d = STATE / "artifacts" / "kimi-k2.5-eagle3"
-    if not (d / "model.safetensors").is_file():
-        write_drafter(d, drafter_config(eagle_config=None))
-    m = STATE / "artifacts" / "kimi-k2.5-int4"  # a small sharded checkpoint with Kimi's config
-    if not (m / "model.safetensors.index.json").is_file():
-        from .fixtures import write_model
-        repo = Path(__file__).resolve().parents[3]
-        write_model(m, json.loads((repo / "examples/models/kimi-k2.5-int4/config.json").read_text()))
-    return d
+ARTIFACT_MODEL = "kimi-k2.5-int4"
+ARTIFACT_DRAFTER = "kimi-k2.5-eagle3"
+
+
+def _example_model() -> Path:
+    return Path(__file__).resolve().parents[3] / "examples" / "models" / ARTIFACT_MODEL
+
+
+def artifacts_key() -> str:
+    """What the sandbox checkpoints are made of: the fixture code and the example model's non-weight files."""
+    from . import fixtures
+    return _cache.inputs_key(Path(fixtures.__file__), _build_artifacts, _example_model())
+
+
+def _build_artifacts(out: Path):
+    from .fixtures import drafter_config, write_drafter, write_model
+    # a realistic-size sparse EAGLE-3 drafter (trained convention: vLLM ids, layers.0.*)
+    write_drafter(out / ARTIFACT_DRAFTER, drafter_config(eagle_config=None))
+    # a small sharded checkpoint with every non-weight file a real Kimi-K2.5 checkpoint carries
+    example = _example_model()
+    m = write_model(out / ARTIFACT_MODEL, json.loads((example / "config.json").read_text()))
+    for f in sorted(example.iterdir()):
+        if f.is_file() and f.name != "config.json":
+            shutil.copyfile(f, m / f.name)
+
+
+def artifacts(progress=None) -> Path:
+    """The sandbox's model and drafter, under STATE/artifacts, keyed by their inputs: a set written by other
+    code or from other example files is rebuilt (beside, then renamed in), never reused. Returns the drafter."""
+    root = _cache.build_entry(STATE / "artifacts", artifacts_key(), _build_artifacts, STATE / "artifacts.lock",
+                              "sandbox artifact build", progress)
+    return root / ARTIFACT_DRAFTER
