@@ -27,9 +27,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # specdeploy, for the analysis
 
-from specdeploy.verifycost import distinct_experts, peaks, step  # noqa: E402
 
 H, E, K, F = 7168, 384, 8, 2048
 HEADS, QL, KVL, NOPE, ROPE, VD = 64, 1536, 512, 128, 64, 128
@@ -106,7 +105,10 @@ def main() -> int:
     ap.add_argument("--parts", choices=("all", "experts"), default="all")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("verify_cost"))
+    ap.add_argument("--analyze", type=Path, help="a verify_cost_raw.json: analyse it (no GPU needed)")
     a = ap.parse_args()
+    if a.analyze:
+        return analyze(json.loads(a.analyze.read_text()), a.out)
     import torch
     batches = [int(x) for x in a.batches.split(",")]
     ks = [int(x) for x in a.ks.split(",")]
@@ -152,50 +154,66 @@ def main() -> int:
             if rnd:
                 times[key].append(ev0.elapsed_time(ev1) / a.replays)
     t_total = time.time() - t0
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "parts": a.parts, "samples": a.samples,
+            "rounds": a.rounds, "replays": a.replays, "locality": a.locality, "seed": a.seed, "batches": batches,
+            "ks": ks, "capture_s": t_capture, "total_s": t_total, "argv": sys.argv[1:]}
+    raw = {"meta": meta, "graphs": [{"kind": kd, "batch": b, "k": k, "sample": s, "distinct": distinct[(kd, b, k, s)],
+                                     "ms": times[(kd, b, k, s)]} for (kd, b, k, s) in keys]}
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "verify_cost_raw.json").write_text(json.dumps(raw) + "\n")
+    print(json.dumps(meta))
+    try:
+        import specdeploy.verifycost  # noqa: F401
+    except ImportError:
+        print(f"wrote {a.out / 'verify_cost_raw.json'}; analyse it with --analyze where specdeploy is importable")
+        return 0
+    return analyze(raw, a.out)
 
-    cfg = json.loads((Path(__file__).resolve().parents[1] / "examples/models/kimi-k2.5-int4/config.json").read_text())
-    shape = load_target_from(cfg).one_moe_layer(16.0)
-    if a.parts == "experts":
+
+def analyze(raw: dict, out: Path) -> int:
+    """Ratios, spreads, the A/A line and the roofline's prediction from a raw measurement."""
+    from specdeploy.verifycost import distinct_experts, peaks, shape_from_config, step
+    meta = raw["meta"]
+    batches, ks, n_s, n_r, loc = meta["batches"], meta["ks"], meta["samples"], meta["rounds"], meta["locality"]
+    times = {(g["kind"], g["batch"], g["k"], g["sample"]): g["ms"] for g in raw["graphs"]}
+    distinct = {(g["kind"], g["batch"], g["k"], g["sample"]): g["distinct"] for g in raw["graphs"]}
+    cfg_path = Path(__file__).resolve().parents[1] / "examples/models/kimi-k2.5-int4/config.json"
+    shape = shape_from_config(json.loads(cfg_path.read_text()), str(cfg_path)).one_moe_layer(16.0)
+    if meta["parts"] == "experts":
         shape = replace(shape, attn_params=0, shared_params=0, router_params=0)
     hw = peaks("h200_nvl8", gpus=1)
 
     def mean_at(kind, b, k, r):
-        return statistics.mean(times[(kind, b, k, s)][r] for s in range(a.samples))
+        return statistics.mean(times[(kind, b, k, s)][r] for s in range(n_s))
 
     def ms(kind, b, k):
-        return statistics.median(mean_at(kind, b, k, r) for r in range(a.rounds))
+        return statistics.median(mean_at(kind, b, k, r) for r in range(n_r))
+
+    def dist(kind, b, k):
+        return statistics.mean(distinct[(kind, b, k, s)] for s in range(n_s))
 
     rows = []
     for b in batches:
-        d_dec = statistics.mean(distinct[("decode", b, 0, s)] for s in range(a.samples))
-        t_dec = ms("decode", b, 0)
-        aa = [mean_at("aa", b, 0, r) / mean_at("decode", b, 0, r) for r in range(a.rounds)]
+        d_dec, t_dec = dist("decode", b, 0), ms("decode", b, 0)
         dec_step = step(shape, hw, b, 1, d_dec)
-        rows.append({"batch": b, "k": 0, "routing": "A/A", "ratio": statistics.median(aa), "ratio_min": min(aa),
-                     "ratio_max": max(aa), "decode_ms": t_dec, "verify_ms": ms("aa", b, 0),
-                     "distinct_decode": d_dec, "distinct_verify": d_dec, "pred_sampled": 1.0, "pred_expected": 1.0,
-                     "decode_gbs": dec_step.bytes / t_dec / 1e6, "verify_gbs": dec_step.bytes / ms("aa", b, 0) / 1e6})
-        for k in ks:
-            for routing in ("uniform", "local"):
-                rs = [mean_at(routing, b, k, r) / mean_at("decode", b, 0, r) for r in range(a.rounds)]
-                d_ver = statistics.mean(distinct[(routing, b, k, s)] for s in range(a.samples))
-                t_ver = ms(routing, b, k)
-                ver_step = step(shape, hw, b, k + 1, d_ver)
-                exp_dec = distinct_experts(E, K, b, 1, None)
-                exp_ver = distinct_experts(E, K, b, k + 1, None if routing == "uniform" else a.locality)
-                rows.append({
-                    "batch": b, "k": k, "routing": routing, "ratio": statistics.median(rs), "ratio_min": min(rs),
-                    "ratio_max": max(rs), "decode_ms": t_dec, "verify_ms": t_ver, "distinct_decode": d_dec,
-                    "distinct_verify": d_ver, "pred_sampled": ver_step.seconds / dec_step.seconds,
-                    "pred_expected": (step(shape, hw, b, k + 1, exp_ver).seconds
-                                      / step(shape, hw, b, 1, exp_dec).seconds),
-                    "decode_gbs": dec_step.bytes / t_dec / 1e6, "verify_gbs": ver_step.bytes / t_ver / 1e6})
-    a.out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "parts": a.parts, "samples": a.samples,
-            "rounds": a.rounds, "replays": a.replays, "locality": a.locality, "seed": a.seed,
-            "capture_s": t_capture, "total_s": t_total, "argv": sys.argv[1:]}
-    (a.out / "verify_cost.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    print(json.dumps(meta))
+        exp_dec = step(shape, hw, b, 1, distinct_experts(E, K, b, 1, None)).seconds
+        lines = [("A/A", 0, "aa")] + [(r, k, r) for k in ks for r in ("uniform", "local")]
+        for routing, k, kind in lines:
+            rs = [mean_at(kind, b, k, r) / mean_at("decode", b, 0, r) for r in range(n_r)]
+            d_ver, t_ver = dist(kind, b, k), ms(kind, b, k)
+            ver_step = step(shape, hw, b, k + 1 if k else 1, d_ver)
+            if kind == "aa":
+                pred_exp = 1.0
+            else:
+                d_exp = distinct_experts(E, K, b, k + 1, None if routing == "uniform" else loc)
+                pred_exp = step(shape, hw, b, k + 1, d_exp).seconds / exp_dec
+            rows.append({"batch": b, "k": k, "routing": routing, "ratio": statistics.median(rs),
+                         "ratio_min": min(rs), "ratio_max": max(rs), "decode_ms": t_dec, "verify_ms": t_ver,
+                         "distinct_decode": d_dec, "distinct_verify": d_ver,
+                         "pred_sampled": ver_step.seconds / dec_step.seconds, "pred_expected": pred_exp,
+                         "decode_gbs": dec_step.bytes / t_dec / 1e6, "verify_gbs": ver_step.bytes / t_ver / 1e6})
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verify_cost.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     print(f"{'B':>3} {'k':>2} {'routing':8} {'ratio':>6} {'min-max':>11} {'roofline':>8} {'(expected)':>10} "
           f"{'decode ms':>9} {'verify ms':>9} {'distinct':>13} {'GB/s dec/ver':>13}")
     for r in rows:
@@ -203,13 +221,8 @@ def main() -> int:
               f"{r['ratio_min']:5.2f}-{r['ratio_max']:<5.2f} {r['pred_sampled']:8.2f} {r['pred_expected']:10.2f} "
               f"{r['decode_ms']:9.3f} {r['verify_ms']:9.3f} "
               f"{r['distinct_decode']:6.1f}/{r['distinct_verify']:6.1f} {r['decode_gbs']:6.0f}/{r['verify_gbs']:<6.0f}")
-    chart(rows, batches, a.out / "verify_cost.png", a.parts)
+    chart(rows, batches, out / "verify_cost.png", meta["parts"])
     return 0
-
-
-def load_target_from(cfg: dict):
-    from specdeploy.verifycost import shape_from_config
-    return shape_from_config(cfg, "examples/models/kimi-k2.5-int4/config.json")
 
 
 def chart(rows, batches, out: Path, parts: str) -> None:

@@ -458,10 +458,13 @@ def load_trace(path: str | Path, experts: int | None = None) -> Trace:
     records: list[tuple[str, object]] = []
     try:
         whole = json.loads(text)
+        if isinstance(whole, dict) and "tokens" not in whole:
+            whole = [whole]  # JSON lines of one line
         items = whole.get("tokens") if isinstance(whole, dict) else whole
         if not isinstance(items, list):
             raise _err(subj, "is neither a list of tokens nor {\"tokens\": [...]}", "see docs/speculation.md")
-        records = [(f"token {i}", t) for i, t in enumerate(items)]
+        records = [("line 1" if len(items) == 1 and not text.lstrip().startswith("[") else f"token {i}", t)
+                   for i, t in enumerate(items)]
     except ValueError:
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
