@@ -32,6 +32,10 @@ class HardwareProfile:
     driver_branch: int = 580
     open_modules: bool = True
     nvlsm: bool = False
+    # Per-GPU peaks for the verification-cost roofline (verifycost.py): HBM/GDDR bandwidth in GB/s and dense
+    # (no sparsity) BF16 tensor-core TFLOPS, from the vendor's datasheet; None where not known.
+    hbm_bandwidth_gbs: float | None = None
+    bf16_dense_tflops: float | None = None
 
     @property
     def sm(self) -> int:
@@ -51,6 +55,10 @@ RTX_PRO_6000_PCIE = HardwareProfile(
     interconnect="pcie",
     nvswitch=False,
     fabric_manager=False,
+    # NVIDIA RTX PRO 6000 Blackwell Server Edition datasheet: 96 GB GDDR7, 512-bit at 28 Gbps = 1792 GB/s;
+    # 4000 AI TOPS is FP4 with sparsity, which puts dense BF16 (FP32 accumulate) at 4000 / 8 = 500 TFLOPS.
+    hbm_bandwidth_gbs=1792.0,
+    bf16_dense_tflops=500.0,
     nccl_env={
         "NCCL_P2P_LEVEL": EnvVar(
             "SYS",
@@ -72,6 +80,9 @@ B200_NVL8 = HardwareProfile(
     fabric_manager=True,
     nccl_env={},
     nvlsm=True,
+    # NVIDIA DGX/HGX B200 datasheet: 8 TB/s HBM3e per GPU; BF16 tensor 4.5 PFLOPS with sparsity, 2.25 dense.
+    hbm_bandwidth_gbs=8000.0,
+    bf16_dense_tflops=2250.0,
 )
 
 H200_NVL8 = HardwareProfile(
@@ -84,6 +95,10 @@ H200_NVL8 = HardwareProfile(
     nvswitch=True,
     fabric_manager=True,
     nccl_env={},
+    # NVIDIA H200 Tensor Core GPU datasheet (SXM): 4.8 TB/s HBM3e; BF16 tensor 1979 TFLOPS with sparsity,
+    # 989 dense.
+    hbm_bandwidth_gbs=4800.0,
+    bf16_dense_tflops=989.0,
 )
 
 PROFILES: dict[str, HardwareProfile] = {p.name: p for p in (RTX_PRO_6000_PCIE, B200_NVL8, H200_NVL8)}
@@ -104,6 +119,8 @@ def custom_profile(spec: dict) -> HardwareProfile:
         fabric_manager=spec.get("nvswitch", False),
         nccl_env=env,
         nvlsm=spec.get("nvswitch", False) and int(spec["compute_capability"].split(".")[0]) >= 10,
+        hbm_bandwidth_gbs=spec.get("hbm_bandwidth_gbs"),
+        bf16_dense_tflops=spec.get("bf16_dense_tflops"),
     )
 
 

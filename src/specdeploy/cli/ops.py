@@ -103,11 +103,38 @@ def triage_cmd(logfiles: Optional[List[Path]] = typer.Argument(None),
     raise typer.Exit(0 if res.root_cause or res.outcome == "clean-shutdown" else 1)
 
 @app.command("breakeven")
-def breakeven_cmd(acceptance_length: float = typer.Option(..., "--acceptance-length"),
-                  step_ratio: float = typer.Option(..., "--step-ratio", help="T_spec / T_base"),
-                  margin: float = typer.Option(0.10, "--margin"), as_json: bool = Json):
-    """Predicted speedup of speculation and whether to keep it."""
+def breakeven_cmd(acceptance_length: Optional[float] = typer.Option(None, "--acceptance-length"),
+                  step_ratio: Optional[float] = typer.Option(None, "--step-ratio", help="T_spec / T_base"),
+                  margin: Optional[float] = typer.Option(None, "--margin", help="default: the gate's"),
+                  target: Optional[Path] = typer.Option(None, "--target", help="model directory (config.json): "
+                                                        "predict the step ratio before any drafter exists"),
+                  hardware: str = typer.Option("h200_nvl8", "--hardware", help="hardware profile"),
+                  batch: Optional[List[str]] = typer.Option(None, "--batch", help="batch sizes (1,8,32,64)"),
+                  k: Optional[List[str]] = typer.Option(None, "--k", help="draft tokens (1,2,3,4)"),
+                  routing_trace: Optional[Path] = typer.Option(None, "--routing-trace",
+                                                               help="expert ids per token per layer (JSON lines)"),
+                  locality: float = typer.Option(0.75, "--locality", help="fraction of the previous position's "
+                                                 "experts a draft position keeps (local routing)"),
+                  draft_cost: Optional[float] = typer.Option(None, "--draft-cost", help="one draft position's cost "
+                                                             "as a fraction of a decode step (default: one dense "
+                                                             "layer's weights over the bandwidth)"),
+                  context: int = typer.Option(0, "--context", help="tokens of context each sequence's KV cache "
+                                              "holds (0: weights only)"),
+                  one_layer: bool = typer.Option(False, "--one-layer", help="one MoE layer at 16 bits, as "
+                                                 "bench/verify_cost.py builds it"),
+                  as_json: bool = Json):
+    """Predicted speedup of speculation and whether to keep it (--acceptance-length, --step-ratio); or, with
+    --target, the step ratio verification costs and the acceptance length a drafter needs."""
     from ..gate import breakeven
+    from ..verifycost import gate_margin
+    margin = gate_margin() if margin is None else margin
+    if target is not None:
+        _verify_cost(target, hardware, batch, k, routing_trace, locality, draft_cost, context, one_layer, margin,
+                     acceptance_length, as_json)
+        return
+    if acceptance_length is None or step_ratio is None:
+        error("--acceptance-length" if acceptance_length is None else "--step-ratio", "missing",
+              "give --acceptance-length and --step-ratio, or --target MODEL_DIR")
     try:
         b = breakeven(acceptance_length, step_ratio, margin)
     except ValueError as exc:
@@ -118,6 +145,83 @@ def breakeven_cmd(acceptance_length: float = typer.Option(..., "--acceptance-len
     else:
         print(f"speedup {b.speedup:.2f}x (AL {b.acceptance_length:g} / step ratio {b.step_ratio:g}); "
               f"break-even AL {b.step_ratio:g}, with {b.margin:.0%} margin {b.breakeven_al:.2f}: {b.verdict}")
+
+
+def _ints(values: Optional[List[str]], default: list[int], option: str) -> list[int]:
+    out = []
+    for v in values or []:
+        for part in v.split(","):
+            try:
+                n = int(part)
+                assert n >= 1
+            except (ValueError, AssertionError):
+                error(option, f"'{part}' is not a positive integer", f"give e.g. {option} 1,8,32")
+            out.append(n)
+    return out or default
+
+
+def _verify_cost(target, hardware, batch, k, routing_trace, locality, draft_cost, context, one_layer, margin,
+                 acceptance_length, as_json):
+    import math
+
+    from ..verifycost import load_target, load_trace, peaks, predict
+    batches, ks = _ints(batch, [1, 8, 32, 64], "--batch"), _ints(k, [1, 2, 3, 4], "--k")
+    for name, v, ok in (("--margin", margin, margin >= 0), ("--context", context, context >= 0),
+                        ("--draft-cost", draft_cost, draft_cost is None or draft_cost >= 0),
+                        ("--acceptance-length", acceptance_length,
+                         acceptance_length is None or acceptance_length >= 1)):
+        if v is not None and (math.isnan(v) or not ok):
+            error(name, f"{v!r} is out of range", f"give a number >= {1 if 'acceptance' in name else 0}")
+    try:
+        shape = load_target(target)
+        if one_layer:
+            if not shape.moe:
+                error("--one-layer", f"{target} is a dense model", "leave --one-layer out")
+            shape = shape.one_moe_layer()
+            draft_cost = 0.0 if draft_cost is None else draft_cost  # a drafter against one layer means nothing
+        hw = peaks(hardware, 1 if one_layer else None)
+        trace = load_trace(routing_trace, shape.experts) if routing_trace else None
+        if trace is not None and not shape.moe:
+            error("--routing-trace", f"{target} is a dense model: it routes nothing", "leave --routing-trace out")
+        rows = predict(shape, hw, batches, ks, locality, margin, draft_cost, context=context, trace=trace)
+    except SpecdeployError as exc:
+        fail(exc)
+    drafter = (f"{draft_cost:g} of a decode step per draft position (--draft-cost)" if draft_cost is not None else
+               "one draft position reads one dense layer's weights (attention + MLP, 16 bits)")
+    if as_json:
+        out = {"target": str(target), "shape": shape.describe(), "hardware": hardware, "margin": margin,
+               "locality": locality, "context": context, "drafter": drafter,
+               "trace": {"file": str(routing_trace), "locality": trace.locality()} if trace else None,
+               "rows": [r.to_dict() for r in rows]}
+        if acceptance_length is not None:
+            for r, d in zip(rows, out["rows"]):
+                d["speedup"] = [acceptance_length / r.needed_al[1], acceptance_length / r.needed_al[0]]
+        print(json.dumps(out, indent=2))
+        return
+    print(f"target   {shape.describe()}")
+    print(f"hardware {hw.name}: {hw.gpus} x {hw.bandwidth_gbs:g} GB/s, {hw.gpus} x {hw.tflops:g} TFLOPS dense BF16"
+          + (f"; KV cache of {context} tokens per sequence" if context else "; weights only"))
+    if shape.moe:
+        print(f"routing  uniform (each token draws top-{shape.top_k} of {shape.experts}) to local (a draft position "
+              f"keeps {locality:.0%} of the previous one's experts)"
+              + (f"; trace {routing_trace}: locality {trace.locality():.2f}" if trace else ""))
+    print(f"drafter  {drafter}; margin {margin:.0%}")
+    head = f"{'batch':>5} {'k':>2} {'decode ms':>9}  {'verify/decode':>13}"
+    head += f" {'trace':>6}" if trace else ""
+    head += f" {'+draft':>6}  {'AL for 1.0x':>11}  {'AL for ' + format(1 + margin, '.2f') + 'x':>12}"
+    head += f"  {'speedup at AL ' + format(acceptance_length, 'g'):>18}" if acceptance_length is not None else ""
+    print(head)
+    for r in rows:
+        line = f"{r.batch:>5} {r.k:>2} {r.decode_ms:9.3f}  {r.ratio_local:5.2f} - {r.ratio_uniform:5.2f}"
+        line += f" {r.ratio_trace:6.2f}" if trace else ""
+        line += (f" {r.draft_ratio:+6.2f}  {r.needed_al[0]:4.2f} - {r.needed_al[1]:4.2f}"
+                 f"  {r.needed_al_margin[0]:5.2f} - {r.needed_al_margin[1]:4.2f}")
+        if acceptance_length is not None:
+            line += f"  {acceptance_length / r.needed_al[1]:8.2f} - {acceptance_length / r.needed_al[0]:4.2f}x"
+        if not r.reachable:
+            line += f"  (above k+1 = {r.k + 1}: out of reach at uniform routing)"
+        print(line)
+
 
 @app.command("gate")
 def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(DEFAULT_ENGINE, "--engine"),
