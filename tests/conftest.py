@@ -21,3 +21,12 @@ def example_inv(tmp_path) -> Path:
     # keep {{ inventory_dir }}/../../examples working
     (tmp_path / "examples").symlink_to(REPO / "examples")
     return dst
+
+
+def pytest_collection_modifyitems(config, items):
+    """The sandbox tests share the machine's sandbox hosts (one fleet at a time): under pytest-xdist
+    (`-n 2 --dist loadgroup`, as .ci/run runs) they all go to one worker, in order, while the other worker
+    runs the rest."""
+    for item in items:
+        if item.get_closest_marker("sandbox"):
+            item.add_marker(pytest.mark.xdist_group("sandbox"))
