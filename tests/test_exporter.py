@@ -351,3 +351,13 @@ def test_non_finite_engine_figures():
                                        'sglang:spec_accept_rate{tp_rank="0"} NaN\n'
                                        'sglang:spec_accept_rate{tp_rank="1"} 0.5\n', 0)
     assert s.al == 2.5 and s.rate == 0.5
+
+
+@pytest.mark.parametrize("window", ["nan", "inf", "0", "-5"])
+def test_exporter_refuses_a_window_that_is_no_duration(window):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "exporter", "--engine", "vllm", "--engine-url",
+                        "http://127.0.0.1:9", "--listen", "127.0.0.1:9", "--window", window],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--window" in r.stderr and "Traceback" not in r.stderr, r.stderr
