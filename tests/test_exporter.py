@@ -1,3 +1,4 @@
+import json
 import http.server
 import threading
 import time
@@ -157,3 +158,206 @@ def test_sglang_speculation_off_zeros_are_no_figure():
                                          'sglang:spec_accept_rate{tp_rank="0"} 0.5\n'
                                          'sglang:spec_accept_rate{tp_rank="1"} 0\n', 0)
     assert two.al == 3.0 and two.rate == 0.5
+
+
+# ---- untrusted inputs: the engine page, the gate report, the release mark ------------------------------------
+VLLM_PAGE = ('vllm:spec_decode_num_drafts_total{model_name="m"} 100\n'
+             'vllm:spec_decode_num_draft_tokens_total{model_name="m"} 300\n'
+             'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 150\n').encode()
+
+
+class _Engine(http.server.BaseHTTPRequestHandler):
+    """A fake engine on 127.0.0.1: ``body`` is its /metrics page; ``length`` False leaves Content-Length out."""
+    body, length = VLLM_PAGE, True
+    protocol_version = "HTTP/1.0"
+
+    def do_GET(self):
+        self.send_response(200)
+        if self.length:
+            self.send_header("content-length", str(len(self.body)))
+        self.end_headers()
+        try:
+            self.wfile.write(self.body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def engine():
+    started = []
+
+    def start(body=VLLM_PAGE, length=True):
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("E", (_Engine,), {"body": body,
+                                                                                          "length": length}))
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        started.append(srv)
+        return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+    yield start
+    for srv in started:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _collect(c) -> dict[str, float]:
+    """What the exporter's HTTP handler renders (it calls collect the same way), parsed back."""
+    from prometheus_client import generate_latest
+    from prometheus_client.core import CollectorRegistry
+    from prometheus_client.parser import text_string_to_metric_families
+    reg = CollectorRegistry()
+    reg.register(c)
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        for s in fam.samples:
+            out[s.name + "".join(f"{{{k}={v}}}" for k, v in sorted(s.labels.items()))] = s.value
+    return out
+
+
+GOOD_GATE = {"verdict": "keep", "timestamp": 1.7e9, "levels": [{"concurrency": 8, "speedup": 1.7, "errors": 0}]}
+
+
+@pytest.mark.parametrize("kind, content, problem", [
+    ("gate", b"[1, 2, 3]", "a JSON list, not an object"),
+    ("gate", json.dumps({"verdict": "keep", "levels": [{"concurrency": 8, "speedup": "fast"}]}).encode(),
+     "levels[0].speedup is str"),
+    ("gate", json.dumps({"verdict": "keep", "levels": {"8": {}}}).encode(), "levels is a JSON dict"),
+    ("gate", json.dumps({"verdict": "maybe", "levels": []}).encode(), "verdict is \"maybe\""),
+    ("gate", json.dumps({"levels": [{"concurrency": 8, "errors": -3}]}).encode(), "levels[0].errors is -3"),
+    ("gate", b'{"verdict": "keep", "levels": [{"concurrency": 8, "speedup": NaN}]}', "not a finite number"),
+    ("gate", b"\xff\xfe{}", "not UTF-8"),
+    ("gate", b'{"verdict": "ke', "not JSON"),
+    ("release", b"r-2026\xff\xfe", "not UTF-8"),
+    ("release", b"r-1\x1b[31m\n", "control characters"),
+])
+def test_a_bad_input_file_drops_only_its_own_figures(engine, tmp_path, caplog, kind, content, problem):
+    from specdeploy.exporter import SpecCollector
+    _, url = engine()
+    gate, release = tmp_path / "gate" / "report.json", tmp_path / "current"
+    gate.parent.mkdir()
+    gate.write_text(json.dumps(GOOD_GATE))
+    release.write_text("r-2026-12-01\n")
+    (gate if kind == "gate" else release).write_bytes(content)
+    c = SpecCollector("vllm", url, gate_file=gate, release_file=release, cache_s=0)
+    with caplog.at_level("WARNING", logger="specdeploy.exporter"):
+        m = _collect(c)
+        again = _collect(c)
+    assert m["specdeploy_engine_up"] == 1 and again["specdeploy_engine_up"] == 1
+    assert m["specdeploy_spec_acceptance_length"] == 2.5  # the engine's figures stay
+    assert m[f"specdeploy_exporter_input_valid{{file={kind}}}"] == 0
+    other = "release" if kind == "gate" else "gate"
+    assert m[f"specdeploy_exporter_input_valid{{file={other}}}"] == 1
+    if kind == "gate":
+        assert not any(k.startswith("specdeploy_gate_") for k in m)
+        assert any(k.startswith("specdeploy_engine_info{") and "release=r-2026-12-01" in k for k in m)
+    else:
+        assert m["specdeploy_gate_speedup{concurrency=8}"] == 1.7
+        assert any(k.startswith("specdeploy_engine_info{") and "release=}" in k for k in m)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and str(gate if kind == "gate" else release) in lines[0] and problem in lines[0], lines
+    # fixed: valid again, the figures come back
+    gate.write_text(json.dumps(GOOD_GATE))
+    release.write_text("r-2026-12-02\n")
+    fixed = _collect(c)
+    assert fixed["specdeploy_exporter_input_valid{file=gate}"] == 1
+    assert fixed["specdeploy_exporter_input_valid{file=release}"] == 1
+    assert fixed["specdeploy_gate_speedup{concurrency=8}"] == 1.7
+
+
+def test_a_bad_gate_file_still_gets_http_200_from_the_exporter(tmp_path, engine):
+    _, url = engine()
+    gate = tmp_path / "report.json"
+    gate.write_bytes(b"\xff[not utf-8]")
+    xp = free_port()
+    exp = start_exporter("vllm", url, "127.0.0.1", xp, gate_file=gate)
+    try:
+        m = scrape(f"http://127.0.0.1:{xp}/metrics")  # urlopen raises on a 500
+        assert m["specdeploy_engine_up"] == 1 and m["specdeploy_exporter_input_valid{file=gate}"] == 0
+    finally:
+        stop(exp)
+
+
+@pytest.mark.parametrize("length", [True, False])
+def test_an_oversized_engine_page_is_a_failed_scrape_not_held(engine, length):
+    from specdeploy.exporter import SpecCollector
+    page = VLLM_PAGE + b'vllm:spec_decode_num_drafts_total{model_name="m",pad="%s"} 1\n' % (b"x" * 1000) * 9000
+    assert len(page) > 8 << 20
+    _, url = engine(page, length)
+    c = SpecCollector("vllm", url, cache_s=0)
+    m = _collect(c)
+    assert m["specdeploy_engine_up"] == 0 and m["specdeploy_exporter_scrape_errors_total"] == 1
+    assert "8,388,608-byte limit" in c.last_error
+    assert "specdeploy_spec_acceptance_length" not in m
+
+
+def test_a_trickling_engine_is_cut_at_the_exporters_deadline():
+    """The engine sends a byte every 0.1 s: a per-read timeout never fires, the total deadline does."""
+    import socket
+
+    from specdeploy.exporter import SpecCollector
+    lsn = socket.socket()
+    lsn.bind(("127.0.0.1", 0))
+    lsn.listen(1)
+    done = threading.Event()
+
+    def trickle():
+        conn, _ = lsn.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(VLLM_PAGE))
+            for b in VLLM_PAGE:
+                if done.is_set():
+                    return
+                try:
+                    conn.sendall(bytes([b]))
+                except OSError:
+                    return
+                time.sleep(0.1)
+    threading.Thread(target=trickle, daemon=True).start()
+    try:
+        c = SpecCollector("vllm", f"http://127.0.0.1:{lsn.getsockname()[1]}", timeout=1.0, cache_s=0)
+        t0 = time.monotonic()
+        m = _collect(c)
+        assert time.monotonic() - t0 < 1.8 and m["specdeploy_engine_up"] == 0
+        assert "within 1 s" in c.last_error
+    finally:
+        done.set()
+        lsn.close()
+
+
+def test_figures_older_than_the_window_are_dropped_after_the_engine_dies(engine):
+    from specdeploy.exporter import SpecCollector
+    srv, url = engine()
+    c = SpecCollector("vllm", url, window=1.5, cache_s=0)
+    live = _collect(c)
+    assert live["specdeploy_engine_up"] == 1 and live["specdeploy_spec_acceptance_length"] == 2.5
+    srv.shutdown()
+    srv.server_close()
+    inside = _collect(c)  # dead, but its last figures are inside the window
+    assert inside["specdeploy_engine_up"] == 0 and inside["specdeploy_spec_acceptance_length"] == 2.5
+    time.sleep(1.7)
+    late = _collect(c)
+    assert late["specdeploy_engine_up"] == 0
+    assert not any(k.startswith("specdeploy_spec_") for k in late), late
+
+
+def test_non_finite_engine_figures():
+    with pytest.raises(ParseError, match="NaN or infinite"):
+        parse_engine_metrics("vllm", "vllm:spec_decode_num_drafts_total NaN\n", 0)
+    s = parse_engine_metrics("sglang", 'sglang:spec_accept_length{tp_rank="0"} NaN\n'
+                                       'sglang:spec_accept_length{tp_rank="1"} 2.5\n'
+                                       'sglang:spec_accept_rate{tp_rank="0"} NaN\n'
+                                       'sglang:spec_accept_rate{tp_rank="1"} 0.5\n', 0)
+    assert s.al == 2.5 and s.rate == 0.5
+
+
+@pytest.mark.parametrize("window", ["nan", "inf", "0", "-5"])
+def test_exporter_refuses_a_window_that_is_no_duration(window):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "exporter", "--engine", "vllm", "--engine-url",
+                        "http://127.0.0.1:9", "--listen", "127.0.0.1:9", "--window", window],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--window" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -219,3 +219,158 @@ def test_staging_progress_from_a_real_rsync_log_and_a_hosts_progress_file(tmp_pa
     monkeypatch.setattr("specdeploy.render.paths.STATE_DIR", str(state))
     run.targets["gpu-b"] = Target("gpu-b", "x", "vllm", 1, 2, "u", ["bash", "-c"])
     assert run.poll_stage("gpu-b") == "drafter 1.00/2.00 GB, 0.50 GB/s, ETA 2s"
+
+
+# ---- status against peers that misbehave: each a thread on 127.0.0.1 with an ephemeral port ------------------
+GOOD_EXPORTER = (b"# TYPE specdeploy_engine_up gauge\nspecdeploy_engine_up 1.0\n"
+                 b'specdeploy_engine_info{engine="vllm",version="0.16.0",release="r-7",spec_tokens="3"} 1.0\n'
+                 b"specdeploy_spec_acceptance_length 2.6\n")
+
+
+class _Peer:
+    """Answers every connection with ``kind``: good, garbage, binary, html500, huge, trickle."""
+
+    def __init__(self, kind: str):
+        import socket
+        import threading
+        self.kind, self.stopped = kind, threading.Event()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        import threading
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn):
+        body = {"good": GOOD_EXPORTER, "garbage": b"specdeploy_engine_up {{{ nope\n",
+                "binary": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "huge": b"#" * (9 << 20),
+                "html500": b"<!DOCTYPE html><html><body><h1>500 Internal Server Error</h1></body></html>",
+                "trickle": GOOD_EXPORTER}[self.kind]
+        status, ctype = ("500 Internal Server Error", "text/html") if self.kind == "html500" else ("200 OK",
+                                                                                                   "text/plain")
+        with conn:
+            try:
+                conn.settimeout(5)
+                conn.recv(65536)
+                conn.sendall(f"HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {len(body)}\r\n"
+                             "connection: close\r\n\r\n".encode())
+                if self.kind != "trickle":
+                    conn.sendall(body)
+                    return
+                for b in body:  # one byte a second, for as long as the reader stays
+                    if self.stopped.wait(1.0):
+                        return
+                    conn.sendall(bytes([b]))
+            except OSError:
+                pass
+
+    def close(self):
+        self.stopped.set()
+        self.thread.join(2)
+        self.sock.close()
+
+
+BAD_PEERS = {"garbage": "not a metrics page", "binary": "binary data", "html500": "HTTP 500 (an HTML error page)",
+             "huge": "over the 8,388,608-byte limit", "trickle": "no complete answer within 2 s"}
+
+
+def test_status_marks_each_bad_peer_and_carries_on():
+    """One good exporter among five bad ones and a Prometheus that trickles: every host gets its row, the bad ones
+    with a short reason, all within about one --timeout because every peer is asked at once."""
+    from specdeploy.cli.frontdoor import _status_table
+    peers = {k: _Peer(k) for k in ["good", *BAD_PEERS]}
+    prom = _Peer("trickle")
+    try:
+        hosts = [Target(k, "127.0.0.1", "vllm", 8000, p.port, "specdeploy-vllm.service", []) for k, p in peers.items()]
+        t0 = time.monotonic()
+        st = fleet_status(hosts, [f"http://127.0.0.1:{prom.port}"], timeout=2.0)
+        wall = time.monotonic() - t0
+        assert wall < 3.5, wall  # serially, or with per-read timeouts, this is minutes
+        rows = {r["host"]: r for r in st["hosts"]}
+        assert rows["good"]["up"] and rows["good"]["acceptance_length"] == 2.6 and "error" not in rows["good"]
+        for kind, reason in BAD_PEERS.items():
+            assert reason in rows[kind]["error"] and "up" not in rows[kind], rows[kind]
+        assert st["prometheus"] is None and "no complete answer within 2 s" in st["prometheus_errors"][0]
+        from rich.console import Console
+        con = Console(width=200, record=True)
+        con.print(_status_table(st))
+        shown = con.export_text()
+        assert shown.count("bad answer") == 4 and "r-7" in shown  # the trickle is the one left: no answer in time
+        assert "trickle │ unreachable" in shown.replace("  ", " ").replace("  ", " ")
+    finally:
+        for p in [*peers.values(), prom]:
+            p.close()
+
+
+def test_status_command_is_bounded_by_its_timeout(example_inv):
+    """`specdeploy status --timeout 2` against a peer that trickles one byte a second and one that sends binary:
+    exit 1 (not every host is up), one row each, no traceback, in about the timeout."""
+    import yaml
+    slow, binary = _Peer("trickle"), _Peer("binary")
+    try:
+        (example_inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {
+            "specdeploy_engines": {"hosts": {
+                "gpu-a": {"ansible_host": "127.0.0.1", "specdeploy_exporter_port": slow.port},
+                "gpu-b": {"ansible_host": "127.0.0.1", "specdeploy_exporter_port": binary.port}}},
+            "specdeploy_monitoring": {"hosts": {}}}}}))
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "status", "-i", str(example_inv), "--timeout",
+                            "2", "--prometheus", f"http://127.0.0.1:{free_port()}", "--json"],
+                           capture_output=True, text=True, timeout=60)
+        wall = time.monotonic() - t0
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        rows = {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
+        assert "within 2 s" in rows["gpu-a"]["error"] and "binary data" in rows["gpu-b"]["error"]
+        assert wall < 12, wall  # the trickle alone would take 150 s; the rest is the CLI's own start-up
+    finally:
+        slow.close()
+        binary.close()
+
+
+@pytest.mark.parametrize("args, subject, words", [
+    (["--timeout", "nan"], "--timeout", "not a finite number"),
+    (["--timeout", "0"], "--timeout", "above 0"),
+    (["--interval", "-1"], "--interval", "above 0"),
+])
+def test_status_refuses_nonsense_numbers(example_inv, args, subject, words):
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "status", "-i", str(example_inv), *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and subject in r.stderr and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("rng, words", [("3fortnights", "'3fortnights' is not a duration"),
+                                        ("90", "'90' is not a duration"), ("1h30", "not a duration"),
+                                        ("0m", "no time at all")])
+def test_report_parses_its_range_strictly(rng, words):
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "report", "--prometheus", "http://127.0.0.1:9",
+                        "--range", rng], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--range" in r.stderr and words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_durations():
+    from specdeploy.argcheck import duration
+    assert duration("30m", "--range") == 1800 and duration("1h30m", "--range") == 5400
+    assert duration("2d", "--range") == 172800 and duration("500ms", "--range") == 0.5
+
+
+def test_report_on_a_garbage_prometheus_is_a_clean_error(tmp_path):
+    """A Prometheus address that answers an HTML page: one error naming it, no traceback, no PNG."""
+    peer = _Peer("html500")
+    try:
+        r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "report", "--prometheus",
+                            f"http://127.0.0.1:{peer.port}", "--range", "10m", "--out", str(tmp_path / "r.png")],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        peer.close()
+    assert r.returncode == 2 and "HTTP 500" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "r.png").exists()

@@ -210,3 +210,113 @@ def test_gate_reads_metrics_as_the_exporter_does():
             assert (s.itl_sum, s.itl_count) == (2.0, 40)
         else:
             assert (s.drafts, s.accepted, s.al) == (16, 20, None) and (s.itl_sum, s.itl_count) == (0.4, 8)
+
+
+class _FakeEngine:
+    """An engine on 127.0.0.1 that serves /v1/models and /metrics, and answers every chat completion with
+    ``chat`` (status, content type, body)."""
+
+    def __init__(self, chat=(500, "text/plain", b"boom"), models=(200, "application/json",
+                                                                   b'{"data": [{"id": "kimi"}]}')):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        page = b'vllm:spec_decode_num_drafts_total 10\nvllm:spec_decode_num_accepted_tokens_total 5\n'
+        self.auth = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def _send(self, status, ctype, body):
+                self.send_response(status)
+                self.send_header("content-type", ctype)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                outer.auth.append(self.headers.get("authorization"))
+                self._send(*(models if self.path == "/v1/models" else (200, "text/plain", page)))
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                self._send(*chat)
+
+            def log_message(self, *a):
+                pass
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.srv.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def _run_gate(url, tmp_path, *extra):
+    return subprocess.run([sys.executable, "-m", "specdeploy.cli", "gate", "--url", url, "--concurrency", "2",
+                           "--requests", "4", "--out", str(tmp_path / "out"), *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("chat", [(500, "text/plain", b"boom"),
+                                  (200, "text/html", b"<html><body>maintenance</body></html>"),
+                                  (200, "application/json", b'{"choices": []}')])
+def test_gate_without_baseline_where_every_request_failed_exits_non_zero(tmp_path, chat):
+    """A baseline run whose every request failed measured nothing: no verdict, a clear message, exit 1."""
+    eng = _FakeEngine(chat)
+    try:
+        r = _run_gate(eng.url, tmp_path)
+    finally:
+        eng.close()
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "gate refused to decide: 4 of 4 requests failed in this run" in r.stderr
+    rep = json.loads((tmp_path / "out/report.json").read_text())
+    assert rep["verdict"] is None and rep["refused"] and rep["failed_requests"] == 4
+
+
+@pytest.mark.parametrize("models, words", [
+    ((502, "text/html", b"<!DOCTYPE html><html>Bad Gateway</html>"), "HTTP 502 (an HTML error page)"),
+    ((200, "application/json", b'{"data": []}'), "no served model"),
+    ((200, "application/octet-stream", b"\x00\x01\x02"), "binary data"),
+])
+def test_gate_on_a_garbage_engine_is_a_clean_error(tmp_path, models, words):
+    eng = _FakeEngine(models=models)
+    try:
+        r = _run_gate(eng.url, tmp_path)
+    finally:
+        eng.close()
+    assert r.returncode == 2 and "--url" in r.stderr and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("cmd, option, value", [
+    ("gate", "--margin", "nan"), ("gate", "--margin", "inf"), ("gate", "--margin", "-0.1"),
+    ("breakeven", "--margin", "nan"), ("breakeven", "--acceptance-length", "nan"),
+    ("breakeven", "--acceptance-length", "inf"), ("breakeven", "--step-ratio", "nan"),
+    ("breakeven", "--step-ratio", "-1"),
+])
+def test_float_options_refuse_nan_inf_and_negatives(cmd, option, value):
+    args = {"gate": ["--url", "http://127.0.0.1:9"],
+            "breakeven": ["--acceptance-length", "2.5", "--step-ratio", "1.3"]}[cmd]
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", cmd, *args, option, value],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and option in r.stderr and "not a finite number" in r.stderr, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "verdict" not in r.stdout
+
+
+def test_breakeven_itself_refuses_nan():
+    from specdeploy.gate import breakeven
+    for args in ((float("nan"), 1.3), (2.5, float("nan")), (2.5, 1.3, float("nan"))):
+        with pytest.raises(ValueError):
+            breakeven(*args)
+
+
+def test_an_empty_api_key_file_is_refused(tmp_path):
+    key = tmp_path / "api-key"
+    key.write_text("  \n")
+    eng = _FakeEngine()
+    try:
+        r = _run_gate(eng.url, tmp_path, "--api-key-file", str(key))
+    finally:
+        eng.close()
+    assert r.returncode == 2 and "--api-key-file" in r.stderr and f"{key} is empty" in r.stderr, r.stderr
+    assert eng.auth == []  # refused before anything was sent without authentication

@@ -47,7 +47,9 @@ def test_promtool_check_and_unit_tests(tmp_path):
                  {"series": 'specdeploy_gate_speedup{host="gpu-d",concurrency="8"}', "values": "0.7x30"},
                  {"series": 'specdeploy_engine_info{host="gpu-a",engine="vllm",spec_tokens="3"}', "values": "1x30"},
                  {"series": 'specdeploy_engine_info{host="gpu-b",engine="sglang",spec_tokens="3"}', "values": "1x30"},
-                 {"series": 'specdeploy_engine_info{host="gpu-d",engine="sglang",spec_tokens="0"}', "values": "1x30"}],
+                 {"series": 'specdeploy_engine_info{host="gpu-d",engine="sglang",spec_tokens="0"}', "values": "1x30"},
+                 {"series": 'specdeploy_exporter_input_valid{host="gpu-b",file="gate"}', "values": "1 1 0x10"},
+                 {"series": 'specdeploy_exporter_input_valid{host="gpu-b",file="release"}', "values": "1x12"}],
              "alert_rule_test": [
                  {"eval_time": "16m", "alertname": "SpecdeployLowAcceptanceLength",
                   "exp_alerts": [{"exp_labels": {"severity": "warning", "host": "gpu-a"},
@@ -74,6 +76,13 @@ def test_promtool_check_and_unit_tests(tmp_path):
                   "exp_alerts": [{"exp_labels": {"severity": "critical", "host": "gpu-c", "job": "specdeploy_engine"},
                                   "exp_annotations": {
                                       "summary": "Engine on gpu-c has not been ready for 1h (the deploy timeout)"}}]},
+                 {"eval_time": "6m", "alertname": "SpecdeployExporterInputInvalid", "exp_alerts": []},
+                 {"eval_time": "7m", "alertname": "SpecdeployExporterInputInvalid",
+                  "exp_alerts": [{"exp_labels": {"severity": "warning", "host": "gpu-b", "file": "gate"},
+                                  "exp_annotations": {
+                                      "summary": "The gate file the exporter on gpu-b reads is invalid",
+                                      "description": "Its figures are dropped until it is fixed; the exporter's "
+                                                     "journal names the file and what is wrong."}}]},
                  {"eval_time": "6m", "alertname": "SpecdeployKVCacheNearFull",
                   "exp_alerts": [{"exp_labels": {"severity": "warning", "host": "gpu-a"},
                                   "exp_annotations": {"summary": "KV cache 97% full on gpu-a"}}]},

@@ -77,3 +77,31 @@ def listen_address(value: str, option: str) -> tuple[str, int]:
         if looks_numeric or not all(part.isalnum() or "-" in part for part in host.split(".")):
             raise _err(option, f"'{host}' is not an IP address or host name", fix) from None
     return host, port
+
+
+def finite(value: float, option: str, minimum: float = 0.0, positive: bool = False) -> float:
+    """A float option that is a real number: not NaN, not infinite, at least ``minimum`` (above it when
+    ``positive``). NaN compares false with everything, so a plain ``<`` check would let it through."""
+    import math
+    bound = f"above {minimum:g}" if positive else f"at least {minimum:g}"
+    if not math.isfinite(value) or value < minimum or (positive and value == minimum):
+        raise _err(option, f"{value!r} is not a finite number {bound}", f"give {option} a number {bound}")
+    return value
+
+
+_SPAN = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration(value: str, option: str) -> float:
+    """A duration such as 90s, 30m, 1h or 1h30m, in seconds; anything else (an unknown unit, a bare number, a
+    trailing word) is refused, naming the option."""
+    import re
+    v = value.strip().lower()
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", v)
+    if not v or "".join(n + u for n, u in parts) != v:
+        raise _err(option, f"'{value}' is not a duration", "give a number and a unit (ms, s, m, h, d, w), "
+                   "such as 30m, 1h or 1h30m")
+    total = sum(float(n) * _SPAN[u] for n, u in parts)
+    if total <= 0:
+        raise _err(option, f"'{value}' is no time at all", "give a duration above zero, such as 30m or 1h")
+    return total

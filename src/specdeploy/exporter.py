@@ -8,13 +8,20 @@ per-position acceptance over that window. A dead, slow or garbage-returning engi
 SGLang publishes acceptance as gauges of its own recent batches, and they read 0 before any traffic and whenever
 speculation is off. An acceptance length counts the bonus token, so a real one is at least 1: a 0 means "no
 figure", and the exporter reports nothing then instead of averaging it in.
+
+Every input is untrusted. The engine is read through ``peerhttp`` (a total deadline and an 8 MiB cap: an oversized
+or trickling page is a failed scrape, never held whole). Figures older than the window are dropped, so a dead
+engine's last acceptance does not outlive it. The gate report and the release mark are validated on every read;
+a bad one drops only the figures it feeds, sets ``specdeploy_exporter_input_valid{file=...}`` to 0 and is logged
+once, naming the file.
 """
 from __future__ import annotations
 
 import json
+import logging
+import math
 import threading
 import time
-import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +33,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from . import peerhttp
 from .engines import get
 from .metrics import help_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,40 +65,49 @@ def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
     found = False
     gauge_al: list[float] = []
     gauge_rate: list[float] = []
+    own = False
     try:
-        families = list(text_string_to_metric_families(text))
+        for fam in text_string_to_metric_families(text):  # one family at a time: a big page is never held parsed
+            own = own or fam.name.startswith(engine + ":")
+            for smp in fam.samples:
+                if itl and smp.name == f"{itl}_sum":
+                    s.itl_sum += smp.value
+                    continue
+                if itl and smp.name == f"{itl}_count":
+                    s.itl_count += smp.value
+                    continue
+                if counters:
+                    if smp.name == counters.get("drafts"):
+                        s.drafts += smp.value
+                    elif smp.name == counters.get("draft_tokens"):
+                        s.draft_tokens += smp.value
+                    elif smp.name == counters.get("accepted_tokens"):
+                        s.accepted += smp.value
+                    elif smp.name == counters.get("accepted_tokens_per_pos"):
+                        pos = smp.labels.get("position", "?")
+                        s.per_pos[pos] = s.per_pos.get(pos, 0.0) + smp.value
+                    else:
+                        continue
+                    found = s.has_counters = True
+                else:
+                    if smp.name == gauges.get("acceptance_length"):
+                        gauge_al.append(smp.value)
+                        found = True
+                    elif smp.name == gauges.get("acceptance_rate"):
+                        gauge_rate.append(smp.value)
+                        found = True
     except Exception as exc:  # the parser raises bare ValueErrors and more on garbage
         raise ParseError(f"unparsable /metrics: {exc}") from None
-    for fam in families:
-        for smp in fam.samples:
-            if itl and smp.name == f"{itl}_sum":
-                s.itl_sum += smp.value
-                continue
-            if itl and smp.name == f"{itl}_count":
-                s.itl_count += smp.value
-                continue
-            if counters:
-                if smp.name == counters.get("drafts"):
-                    s.drafts += smp.value
-                elif smp.name == counters.get("draft_tokens"):
-                    s.draft_tokens += smp.value
-                elif smp.name == counters.get("accepted_tokens"):
-                    s.accepted += smp.value
-                elif smp.name == counters.get("accepted_tokens_per_pos"):
-                    pos = smp.labels.get("position", "?")
-                    s.per_pos[pos] = s.per_pos.get(pos, 0.0) + smp.value
-                else:
-                    continue
-                found = s.has_counters = True
-            else:
-                if smp.name == gauges.get("acceptance_length"):
-                    gauge_al.append(smp.value)
-                    found = True
-                elif smp.name == gauges.get("acceptance_rate"):
-                    gauge_rate.append(smp.value)
-                    found = True
-    if not found and not any(f.name.startswith(engine + ":") for f in families):
+    if not found and not own:
         raise ParseError(f"no {engine}: metrics in the engine's /metrics")
+    if not all(math.isfinite(v) for v in (s.drafts, s.draft_tokens, s.accepted, s.itl_sum, s.itl_count,
+                                          *s.per_pos.values())):
+        raise ParseError("a speculative counter is NaN or infinite")
+    if len(gauge_rate) == len(gauge_al):  # a rank whose gauges are NaN or infinite has no figure
+        pairs = [(al, r) for al, r in zip(gauge_al, gauge_rate) if math.isfinite(al) and math.isfinite(r)]
+        gauge_al, gauge_rate = [al for al, _ in pairs], [r for _, r in pairs]
+    else:
+        gauge_al, gauge_rate = [v for v in gauge_al if math.isfinite(v)], [v for v in gauge_rate if math.isfinite(v)]
     # gauges: one per rank; ranks without a figure (0: no traffic yet, or speculation off) say nothing
     real = [al for al in gauge_al if al >= 1.0]
     if real:
@@ -115,6 +134,8 @@ class SpecCollector:
         self.errors = 0
         self.up = 0
         self.last_scrape = 0.0
+        self.last_error = ""
+        self.problems: dict[str, str] = {}  # input file kind -> what is wrong with it ('' when valid)
         self.lock = threading.Lock()
 
     def _scrape(self):
@@ -123,33 +144,39 @@ class SpecCollector:
             return
         self.last_scrape = now
         try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout) as resp:
-                if resp.status != 200:
-                    raise ParseError(f"HTTP {resp.status}")
-                text = resp.read(32 << 20).decode("utf-8", "replace")
+            text = peerhttp.text(self.url, self.timeout, MAX_PAGE)
             s = parse_engine_metrics(self.engine, text, now)
-        except Exception:  # noqa: BLE001 - any failure means the engine is not readable right now
+        except Exception as exc:  # noqa: BLE001 - whatever the engine answered, it is not readable right now
             self.errors += 1
             self.up = 0
+            self.last_error = getattr(exc, "reason", str(exc))
             return
         self.up = 1
         self.samples.append(s)
-        while len(self.samples) > 1 and now - self.samples[0].t > self.window:
-            self.samples.popleft()
 
     def collect(self):
         with self.lock:
             self._scrape()
+            now = time.monotonic()
+            while self.samples and now - self.samples[0].t > self.window:  # stale figures go, even the last one
+                self.samples.popleft()
             samples = list(self.samples)
             up, errors = self.up, self.errors
+            info, release_ok = self._info()
+            gate = self._gate()
+            gate_ok = not self.problems.get("gate")
         yield GaugeMetricFamily("specdeploy_engine_up", help_of("specdeploy_engine_up"), value=up)
         yield CounterMetricFamily("specdeploy_exporter_scrape_errors",
                                   help_of("specdeploy_exporter_scrape_errors"), value=errors)
-        yield InfoMetricFamily("specdeploy_engine", help_of("specdeploy_engine"), value=self._info())
+        valid = GaugeMetricFamily("specdeploy_exporter_input_valid", help_of("specdeploy_exporter_input_valid"),
+                                  labels=["file"])
+        valid.add_metric(["gate"], 1.0 if gate_ok else 0.0)
+        valid.add_metric(["release"], 1.0 if release_ok else 0.0)
+        yield valid
+        yield InfoMetricFamily("specdeploy_engine", help_of("specdeploy_engine"), value=info)
         if samples:
             yield from self._spec(samples)
-        yield from self._gate()
-
+        yield from gate
     def _spec(self, samples):
         last = samples[-1]
         rate = GaugeMetricFamily("specdeploy_spec_acceptance_rate", help_of("specdeploy_spec_acceptance_rate"))
@@ -186,23 +213,32 @@ class SpecCollector:
         yield al
         yield pos
 
-    def _info(self) -> dict:
+    def _info(self) -> tuple[dict, bool]:
         """The deployed release is read at scrape time: a deploy switches it without restarting the exporter."""
         info = dict(self.info)
         if self.release_file:
-            try:
-                info["release"] = self.release_file.read_text().strip()[:64]
-            except OSError:
-                info["release"] = ""
-        return info
+            release, problem = read_release(self.release_file)
+            self._note("release", self.release_file, problem)
+            info["release"] = release
+            return info, not problem
+        return info, True
 
-    def _gate(self):
-        if not self.gate_file or not self.gate_file.is_file():
-            return
-        try:
-            rep = json.loads(self.gate_file.read_text())
-        except (OSError, json.JSONDecodeError):
-            return
+    def _note(self, kind: str, path: Path, problem: str):
+        """Remember whether an input file is valid; log once when it turns invalid (or its problem changes)."""
+        if problem and self.problems.get(kind) != problem:
+            log.warning("specdeploy exporter: %s file %s is invalid (%s); its figures are dropped until it is "
+                        "fixed", kind, path, problem)
+        elif not problem and self.problems.get(kind):
+            log.warning("specdeploy exporter: %s file %s is valid again", kind, path)
+        self.problems[kind] = problem
+
+    def _gate(self) -> list:
+        if not self.gate_file:
+            return []
+        rep, problem = read_gate(self.gate_file)
+        self._note("gate", self.gate_file, problem)
+        if rep is None:
+            return []
         sp = GaugeMetricFamily("specdeploy_gate_speedup", help_of("specdeploy_gate_speedup"), labels=["concurrency"])
         be = GaugeMetricFamily("specdeploy_gate_breakeven_acceptance_length",
                                help_of("specdeploy_gate_breakeven_acceptance_length"), labels=["concurrency"])
@@ -212,16 +248,95 @@ class SpecCollector:
                 sp.add_metric([c], lvl["speedup"])
             if lvl.get("breakeven_al") is not None:
                 be.add_metric([c], lvl["breakeven_al"])
-        yield sp
-        yield be
         v = GaugeMetricFamily("specdeploy_gate_verdict", help_of("specdeploy_gate_verdict"), labels=["verdict"])
-        for verdict in ("keep", "reduce-k", "disable", "undecided"):
+        for verdict in VERDICTS:
             v.add_metric([verdict], 1.0 if (rep.get("verdict") or "undecided") == verdict else 0.0)
-        yield v
-        yield GaugeMetricFamily("specdeploy_gate_failed_requests", help_of("specdeploy_gate_failed_requests"),
-                                value=float(sum(int(lv.get("errors") or 0) for lv in rep.get("levels", []))))
-        yield GaugeMetricFamily("specdeploy_gate_timestamp_seconds", help_of("specdeploy_gate_timestamp_seconds"),
-                                value=float(rep.get("timestamp", 0)))
+        failed = GaugeMetricFamily("specdeploy_gate_failed_requests", help_of("specdeploy_gate_failed_requests"),
+                                   value=float(sum(int(lv.get("errors") or 0) for lv in rep.get("levels", []))))
+        ts = GaugeMetricFamily("specdeploy_gate_timestamp_seconds", help_of("specdeploy_gate_timestamp_seconds"),
+                               value=float(rep.get("timestamp") or 0))
+        return [sp, be, v, failed, ts]
+
+
+MAX_PAGE = peerhttp.MAX_BYTES  # an engine page over this is a failed scrape, never read whole
+MAX_GATE_FILE = 1 << 20
+MAX_RELEASE_FILE = 4096
+VERDICTS = ("keep", "reduce-k", "disable", "undecided")
+
+
+def _read_small(path: Path, limit: int) -> tuple[str | None, str]:
+    """(text, '') or (None, what is wrong): at most ``limit`` bytes of strict UTF-8."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(limit + 1)
+    except FileNotFoundError:
+        return None, ""
+    except OSError as exc:
+        return None, f"cannot be read: {exc.strerror or exc}"
+    if len(data) > limit:
+        return None, f"larger than {limit:,} bytes"
+    try:
+        return data.decode("utf-8"), ""
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 (byte {exc.start})"
+
+
+def _number(v, name: str, minimum: float | None = None) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return f"{name} is {type(v).__name__} {json.dumps(v)[:40]}, not a finite number"
+    if minimum is not None and v < minimum:
+        return f"{name} is {v}, below {minimum}"
+    return ""
+
+
+def gate_problem(rep) -> str:
+    """What is wrong with a parsed gate report, '' when it has the shape `specdeploy gate` writes."""
+    if not isinstance(rep, dict):
+        return f"a JSON {type(rep).__name__}, not an object"
+    if rep.get("verdict") is not None and rep["verdict"] not in VERDICTS:
+        return f"verdict is {json.dumps(rep['verdict'])[:40]}, not one of {', '.join(VERDICTS[:3])} or null"
+    if rep.get("timestamp") is not None and (why := _number(rep["timestamp"], "timestamp", 0)):
+        return why
+    levels = rep.get("levels", [])
+    if not isinstance(levels, list):
+        return f"levels is a JSON {type(levels).__name__}, not a list"
+    for i, lv in enumerate(levels):
+        if not isinstance(lv, dict):
+            return f"levels[{i}] is a JSON {type(lv).__name__}, not an object"
+        c = lv.get("concurrency")
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+            return f"levels[{i}].concurrency is {json.dumps(c)[:40]}, not a positive integer"
+        for key in ("speedup", "breakeven_al"):
+            if lv.get(key) is not None and (why := _number(lv[key], f"levels[{i}].{key}", 0)):
+                return why
+        e = lv.get("errors")
+        if e is not None and (isinstance(e, bool) or not isinstance(e, int) or e < 0):
+            return f"levels[{i}].errors is {json.dumps(e)[:40]}, not a count"
+    return ""
+
+
+def read_gate(path: Path) -> tuple[dict | None, str]:
+    """(report, '') for a valid gate report; (None, '') when there is none; (None, what is wrong) otherwise."""
+    text, problem = _read_small(path, MAX_GATE_FILE)
+    if text is None:
+        return None, problem
+    try:
+        rep = json.loads(text)
+    except ValueError as exc:
+        return None, f"not JSON ({exc})"[:120]
+    problem = gate_problem(rep)
+    return (None, problem) if problem else (rep, "")
+
+
+def read_release(path: Path) -> tuple[str, str]:
+    """(release, '') from the current-release mark ('' when there is none); ('', what is wrong) otherwise."""
+    text, problem = _read_small(path, MAX_RELEASE_FILE)
+    if text is None:
+        return "", problem
+    release = text.strip()
+    if not release.isprintable():
+        return "", "holds control characters or more than one line"
+    return release[:64], ""
 
 
 def serve(engine: str, url: str, listen: str, window: float, info: dict, gate_file: Path | None):

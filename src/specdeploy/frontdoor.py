@@ -12,7 +12,6 @@ import subprocess
 import threading
 import time
 import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -377,39 +376,45 @@ def run_playbook(run: Run, playbook: str, inventory: str, limit: str | None, ext
 
 
 # ---- status -----------------------------------------------------------------------------------------------
-# hosts and Prometheus are reached directly, never through an HTTP proxy from the environment
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _get(url: str, timeout: float) -> str:
-    with _DIRECT.open(url, timeout=timeout) as r:
-        return r.read(8 << 20).decode("utf-8", "replace")
-
-
+# Every exporter and Prometheus is an untrusted peer: each request has its own total deadline and size cap
+# (peerhttp), all of them run at once, and a host that answers garbage is one bad row, never a dead command.
 def scrape_exporter(t: Target, timeout: float = 2.0) -> dict[str, Any]:
     from prometheus_client.parser import text_string_to_metric_families
+
+    from .peerhttp import PeerError, text
     row: dict[str, Any] = {"host": t.host, "address": t.address, "reachable": False}
+    where = f"exporter {t.address}:{t.exporter_port}"
     try:
-        text = _get(f"http://{t.address}:{t.exporter_port}/metrics", timeout)
-    except Exception as exc:  # noqa: BLE001 - any failure: the host is not answering
-        row["error"] = f"exporter {t.address}:{t.exporter_port}: {getattr(exc, 'reason', exc)}"
+        page = text(f"http://{t.address}:{t.exporter_port}/metrics", timeout)
+    except PeerError as exc:
+        row["reachable"] = exc.reason.startswith(("HTTP ", "an HTML", "binary", "not UTF-8", "answer"))
+        row["error"] = f"{where}: {exc.reason}"
         return row
     row["reachable"] = True
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "specdeploy_engine_up":
-                row["up"] = bool(s.value)
-            elif s.name == "specdeploy_engine_info":
-                row.update(engine=s.labels.get("engine"), version=s.labels.get("version"),
-                           release=s.labels.get("release") or None,
-                           speculation="on" if s.labels.get("spec_tokens") not in ("0", "", None) else "off",
-                           spec_tokens=s.labels.get("spec_tokens"))
-            elif s.name == "specdeploy_spec_acceptance_length":
-                row["acceptance_length"] = s.value
-            elif s.name == "specdeploy_spec_acceptance_rate":
-                row["acceptance_rate"] = s.value
-            elif s.name == "specdeploy_gate_verdict" and s.value == 1:
-                row["gate"] = s.labels.get("verdict")
+    seen: dict[str, Any] = {}
+    try:
+        for fam in text_string_to_metric_families(page):
+            for s in fam.samples:
+                if s.name == "specdeploy_engine_up":
+                    seen["up"] = bool(s.value)
+                elif s.name == "specdeploy_engine_info":
+                    seen.update(engine=s.labels.get("engine"), version=s.labels.get("version"),
+                                release=s.labels.get("release") or None,
+                                speculation="on" if s.labels.get("spec_tokens") not in ("0", "", None) else "off",
+                                spec_tokens=s.labels.get("spec_tokens"))
+                elif s.name == "specdeploy_spec_acceptance_length":
+                    seen["acceptance_length"] = s.value
+                elif s.name == "specdeploy_spec_acceptance_rate":
+                    seen["acceptance_rate"] = s.value
+                elif s.name == "specdeploy_gate_verdict" and s.value == 1:
+                    seen["gate"] = s.labels.get("verdict")
+    except Exception as exc:  # noqa: BLE001 - the parser raises bare ValueErrors and more on garbage
+        row["error"] = f"{where}: not a metrics page ({str(exc).splitlines()[0][:60] if str(exc) else 'garbage'})"
+        return row
+    if "up" not in seen:
+        row["error"] = f"{where}: no specdeploy_engine_up (not a specdeploy exporter?)"
+        return row
+    row.update(seen)
     return row
 
 
@@ -418,34 +423,58 @@ PROM_QUERIES = {"tokens_per_s": M.q_tokens_per_s("1m"), "ttft_p50": M.q_ttft(0.5
 
 
 def prom_query(base: str, q: str, timeout: float = 3.0) -> dict[str, float]:
-    """Instant query -> {host: value} (NaN results dropped)."""
+    """Instant query -> {host: value} (NaN results dropped); a PeerError for anything but a vector answer."""
+    from .peerhttp import PeerError, json_object
     url = f"{base.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": q})
-    data = json.loads(_get(url, timeout))
+    data = json_object(url, timeout)
+    result = (data.get("data") or {}).get("result") if isinstance(data.get("data"), dict) else None
+    if data.get("status") != "success" or not isinstance(result, list):
+        raise PeerError(url, f"not a Prometheus query answer ({str(data.get('error') or 'no result')[:60]})")
     out = {}
-    for r in data.get("data", {}).get("result", []):
-        v = float(r["value"][1])
+    for r in result:
+        try:
+            v = float(r["value"][1])
+            host = r["metric"].get("host", "")
+        except (TypeError, KeyError, IndexError, ValueError, AttributeError):
+            raise PeerError(url, "a malformed sample in the Prometheus answer") from None
         if v == v:
-            out[r["metric"].get("host", "")] = v
+            out[str(host)] = v
     return out
 
 
 def fleet_status(hosts: list[Target], prometheus: list[str], timeout: float = 2.0) -> dict:
-    """One row per host from its exporter, with serving figures from Prometheus; bounded by ``timeout``."""
-    with ThreadPoolExecutor(max_workers=max(4, len(hosts) + len(PROM_QUERIES))) as ex:
+    """One row per host from its exporter, with serving figures from Prometheus. Every request runs at once with
+    its own ``timeout`` as a total deadline, so the whole call takes about ``timeout``, however peers behave."""
+    from concurrent.futures import wait
+    jobs = len(hosts) + len(prometheus) * len(PROM_QUERIES)
+    ex = ThreadPoolExecutor(max_workers=max(1, min(64, jobs)))
+    try:
         rows_f = [ex.submit(scrape_exporter, t, timeout) for t in hosts]
-        prom_f = {}
-        for base in prometheus:
-            prom_f[base] = {k: ex.submit(prom_query, base, q, timeout) for k, q in PROM_QUERIES.items()}
-        rows = [f.result() for f in rows_f]
+        prom_f = {base: {k: ex.submit(prom_query, base, q, timeout) for k, q in PROM_QUERIES.items()}
+                  for base in prometheus}
+        # the deadline is inside each request; this bound only guards against a queue longer than the pool
+        wait(rows_f + [f for fs in prom_f.values() for f in fs.values()], timeout=timeout * (1 + jobs // 64) + 2)
+        rows = []
+        for t, f in zip(hosts, rows_f):
+            if f.done() and not f.exception():
+                rows.append(f.result())
+            else:
+                why = f"{f.exception()}"[:80] if f.done() else f"no answer within {timeout:g} s"
+                rows.append({"host": t.host, "address": t.address, "reachable": False,
+                             "error": f"exporter {t.address}:{t.exporter_port}: {why}"})
         prom_used, prom_errors = None, []
         figures: dict[str, dict[str, float]] = {}
         for base, fs in prom_f.items():
-            try:
-                figures = {k: f.result() for k, f in fs.items()}
-                prom_used = base
-                break
-            except Exception as exc:  # noqa: BLE001
-                prom_errors.append(f"{base}: {getattr(exc, 'reason', exc)}")
+            bad = [f"{getattr(f.exception(), 'reason', f.exception())}" if f.done() else
+                   f"no answer within {timeout:g} s" for f in fs.values() if not f.done() or f.exception()]
+            if bad:
+                prom_errors.append(f"{base}: {bad[0]}")
+                continue
+            figures = {k: f.result() for k, f in fs.items()}
+            prom_used = base
+            break
+    finally:
+        ex.shutdown(wait=False, cancel_futures=True)
     for row in rows:
         for k, by_host in figures.items():
             if row["host"] in by_host:

@@ -11,13 +11,14 @@ speculation, and the previous decision then stays in force.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import peerhttp
 from .engines import get
 from .errors import Finding, SpecdeployError
 from .exporter import ParseError, Sample, parse_engine_metrics
@@ -42,10 +43,12 @@ class Breakeven:
 
 def breakeven(acceptance_length: float, step_ratio: float, margin: float = 0.10) -> Breakeven:
     """``keep`` when AL / (T_spec/T_base) clears 1 + margin, else ``disable``."""
-    if acceptance_length < 1:
-        raise ValueError("acceptance length counts the bonus token, so it is at least 1")
-    if step_ratio <= 0:
-        raise ValueError("the step-time ratio T_spec / T_base must be positive")
+    if not acceptance_length >= 1 or math.isinf(acceptance_length):  # NaN fails every comparison: refuse it
+        raise ValueError("acceptance length counts the bonus token, so it is a finite number of at least 1")
+    if not step_ratio > 0 or math.isinf(step_ratio):
+        raise ValueError("the step-time ratio T_spec / T_base must be a finite positive number")
+    if not margin >= 0 or math.isinf(margin):
+        raise ValueError("the margin must be a finite number of at least 0")
     speedup = acceptance_length / step_ratio
     verdict = "keep" if speedup >= 1 + margin else "disable"
     return Breakeven(acceptance_length, step_ratio, speedup, step_ratio * (1 + margin), verdict, margin)
@@ -68,14 +71,16 @@ def failures(levels: list[dict]) -> tuple[int, int]:
             sum(int(lv.get("requests") or 0) for lv in levels))
 
 
-def refusal(levels: list[dict], baseline: dict | None = None, max_failed: float = MAX_FAILED) -> str | None:
-    """Why no verdict can be drawn from these levels (and their baseline), or None when one can."""
+def refusal(levels: list[dict], baseline: dict | None = None, max_failed: float = MAX_FAILED,
+            measured: bool = True) -> str | None:
+    """Why no verdict can be drawn from these levels (and their baseline), or None when one can; with
+    ``measured`` False (a run without a baseline, which measures no speedup) only failed requests count."""
     for name, lvs in (("this run", levels), ("the baseline", (baseline or {}).get("levels", []))):
         failed, sent = failures(lvs)
         if sent and failed / sent > max_failed:
             return (f"{failed} of {sent} requests failed in {name} ({failed / sent:.0%}, limit {max_failed:.0%}): "
                     "throughput over failing requests says nothing about speculation")
-    if not any(lv.get("speedup") is not None for lv in levels):
+    if measured and not any(lv.get("speedup") is not None for lv in levels):
         return "nothing measured: no level has both a speculative and a baseline throughput"
     return None
 
@@ -128,9 +133,9 @@ def load_prompts(path: Path | None = None) -> list[list[dict]]:
 
 def read_metrics(url: str, engine: str, headers: dict | None = None) -> Sample:
     """The engine's speculative counters or gauges and its inter-token latency sums, read by the exporter's parser
-    (names from the adapter; acceptance gauges averaged over the ranks that report one)."""
-    req = urllib.request.Request(url.rstrip("/") + "/metrics", headers=headers or {})
-    text = urllib.request.urlopen(req, timeout=10).read().decode()
+    (names from the adapter; acceptance gauges averaged over the ranks that report one). The engine is an untrusted
+    peer: every request goes through peerhttp (total deadline, size cap); a failure is a PeerError (an OSError)."""
+    text = peerhttp.text(url.rstrip("/") + "/metrics", 10, headers=headers)
     try:
         return parse_engine_metrics(engine, text, time.time())
     except ParseError as exc:
@@ -140,15 +145,22 @@ def read_metrics(url: str, engine: str, headers: dict | None = None) -> Sample:
 
 def _chat(url: str, model: str, messages, max_tokens: int, headers: dict) -> int:
     body = json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
-    req = urllib.request.Request(url.rstrip("/") + "/v1/chat/completions", data=body,
-                                 headers={"content-type": "application/json", **headers})
-    resp = json.load(urllib.request.urlopen(req, timeout=600))
-    return int(resp.get("usage", {}).get("completion_tokens") or 0)
+    resp = peerhttp.json_object(url.rstrip("/") + "/v1/chat/completions", 600,
+                                headers={"content-type": "application/json", **headers}, body=body)
+    usage = resp.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise peerhttp.PeerError(url, "a chat completion without usage.completion_tokens")
+    return tokens
 
 
 def model_name(url: str, headers: dict) -> str:
-    req = urllib.request.Request(url.rstrip("/") + "/v1/models", headers=headers)
-    return json.load(urllib.request.urlopen(req, timeout=30))["data"][0]["id"]
+    models = url.rstrip("/") + "/v1/models"
+    data = peerhttp.json_object(models, 30, headers=headers).get("data")
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict) or not isinstance(data[0].get("id"),
+                                                                                                  str):
+        raise peerhttp.PeerError(models, "no served model in the answer (data[0].id)")
+    return data[0]["id"]
 
 
 def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requests: int, max_tokens: int,
@@ -248,7 +260,8 @@ def gate(url: str, engine: str, concurrency: list[int], requests: int | None = N
               "levels_by_concurrency": {str(lv["concurrency"]): lv for lv in levels}}
     failed, sent = failures(levels)
     report.update(failed_requests=failed, sent_requests=sent)
-    refused = refusal(levels, baseline) if baseline else None
+    # failing requests void any run, a baseline run too: its throughput would mislead every later comparison
+    refused = refusal(levels, baseline, measured=bool(baseline))
     if baseline and not spec_on and not refused:
         refused = "nothing measured: the engine reported no speculative acceptance"
     if refused:

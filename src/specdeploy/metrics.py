@@ -9,6 +9,8 @@ from __future__ import annotations
 EXPORTED: dict[str, tuple[str, str]] = {
     "specdeploy_engine_up": ("gauge", "1 when the last engine scrape succeeded and parsed"),
     "specdeploy_exporter_scrape_errors": ("counter", "Failed or unparsable engine scrapes"),
+    "specdeploy_exporter_input_valid": ("gauge", "0 while an input file (gate report, release mark) is invalid and "
+                                        "its figures are dropped; 1 when it is valid or absent"),
     "specdeploy_engine": ("info", "What is deployed"),
     "specdeploy_spec_acceptance_rate": ("gauge", "Accepted / draft tokens over the window"),
     "specdeploy_spec_acceptance_length": ("gauge", "1 + accepted / drafts over the window (bonus token included)"),

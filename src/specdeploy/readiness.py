@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -51,11 +49,9 @@ def journal_tail(unit: str, n: int = 12) -> list[str]:
 
 
 def http_ok(url: str, timeout: float = 5) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+    """The health endpoint answered 200 within ``timeout`` seconds in all (peerhttp: a total deadline)."""
+    from .peerhttp import ok
+    return ok(url, timeout)[0]
 
 
 def crash_reason(state: dict[str, str], baseline: dict[str, str]) -> str | None:

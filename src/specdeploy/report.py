@@ -8,30 +8,35 @@ Without a NCCL result the panel says so instead of guessing.
 """
 from __future__ import annotations
 
-import json
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 from . import metrics as M
 
 
 def query_range(base: str, q: str, start: float, end: float, step: float, timeout: float = 10) -> dict[str, list]:
-    """{legend: [(t, v), ...]} with the legend built from host (and concurrency) labels."""
+    """{legend: [(t, v), ...]} with the legend built from host (and concurrency) labels. Prometheus is an untrusted
+    peer: read through peerhttp (total deadline, size cap), and anything but a matrix answer is a PeerError."""
+    from .peerhttp import PeerError, json_object
     url = f"{base.rstrip('/')}/api/v1/query_range?" + urllib.parse.urlencode(
         {"query": q, "start": start, "end": end, "step": step})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # direct, never via a proxy
-    data = json.load(opener.open(url, timeout=timeout))
+    data = json_object(url, timeout)
     if data.get("status") != "success":
-        raise ValueError(f"Prometheus refused {q!r}: {data.get('error')}")
+        raise PeerError(url, f"Prometheus refused {q!r}: {str(data.get('error'))[:80]}")
+    result = data.get("data", {}).get("result") if isinstance(data.get("data"), dict) else None
+    if not isinstance(result, list):
+        raise PeerError(url, "not a Prometheus range answer (no data.result list)")
     out = {}
-    for r in data["data"]["result"]:
-        m = r["metric"]
-        name = m.get("host", "?") + (f" c={m['concurrency']}" if "concurrency" in m else "")
-        pts = [(float(t), float(v)) for t, v in r["values"] if v not in ("NaN", "+Inf", "-Inf")]
-        if pts:
-            out[name] = pts
+    try:
+        for r in result:
+            m = r["metric"]
+            name = str(m.get("host", "?")) + (f" c={m['concurrency']}" if "concurrency" in m else "")
+            pts = [(float(t), float(v)) for t, v in r["values"] if v not in ("NaN", "+Inf", "-Inf")]
+            if pts:
+                out[name] = pts
+    except (TypeError, KeyError, ValueError, AttributeError):
+        raise PeerError(url, "a malformed series in the Prometheus answer") from None
     return out
 
 

@@ -143,8 +143,9 @@ def _status_table(st: dict) -> Table:
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
     for r in st["hosts"]:
-        if not r["reachable"]:
-            t.add_row(escape(r["host"]), "[bold red]unreachable[/]", escape(r.get("error", "")), "", "", "", "", "", "",
+        if not r["reachable"] or r.get("error"):  # a host that answered garbage is one bad row, with the reason
+            state = "unreachable" if not r["reachable"] else "bad answer"
+            t.add_row(escape(r["host"]), f"[bold red]{state}[/]", escape(r.get("error", "")), "", "", "", "", "", "",
                       "", "")
             continue
         up = "[green]up[/]" if r.get("up") else "[red]engine down[/]"
@@ -175,10 +176,14 @@ def status_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
                                                         "host's :9090"),
                as_json: bool = Json, watch: bool = typer.Option(False, "--watch"),
                interval: float = typer.Option(5.0, "--interval"),
-               timeout: float = typer.Option(2.0, "--timeout", help="per host and query, seconds")):
+               timeout: float = typer.Option(2.0, "--timeout", help="total deadline of each host's and query's "
+                                             "answer, seconds; all run at once")):
     """The fleet: up, engine, release, speculation, gate verdict, acceptance, tokens/s, TTFT, restarts."""
+    from ..argcheck import finite
     from ..frontdoor import fleet_status, prometheus_urls, targets
     try:
+        finite(timeout, "--timeout", positive=True)
+        finite(interval, "--interval", positive=True)
         hosts, mon = targets(inventory, limit)
     except SpecdeployError as exc:
         fail(exc)
@@ -216,12 +221,16 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
                out: Path = typer.Option(Path("report.png"), "--out"),
                as_json: bool = Json):
     """Key dashboard panels as a PNG from Prometheus: acceptance length, speedup, tokens/s, all-reduce share."""
+    from ..argcheck import duration
     from ..frontdoor import prometheus_urls, targets
-    from ..preflight import parse_seconds
     from ..report import render
-    secs = parse_seconds(range_)
-    if not secs:
-        error("--range", f"'{range_}' is not a duration", "give a duration like 30m or 1h")
+    try:
+        secs = duration(range_, "--range")
+    except SpecdeployError as exc:
+        fail(exc)
+    if layers < 1 or k < 1:
+        error("--layers" if layers < 1 else "--k", f"{layers if layers < 1 else k} is not a positive count",
+              "give a count of at least 1")
     if not prometheus and not inventory:
         error("--prometheus", "no Prometheus given", "give --prometheus URL or -i INVENTORY (its monitoring host)")
     nccl_data = None

@@ -51,8 +51,9 @@ def exporter_cmd(engine: str = typer.Option(..., "--engine"), engine_url: str = 
     import time as _t
     from ..exporter import serve
     known_engine(engine)
-    from ..argcheck import http_url, listen_address
+    from ..argcheck import finite, http_url, listen_address
     try:
+        finite(window, "--window", positive=True)
         listen_address(listen, "--listen")
         http_url(engine_url, "--engine-url")
     except SpecdeployError as exc:

@@ -125,6 +125,7 @@ def breakeven_cmd(acceptance_length: Optional[float] = typer.Option(None, "--acc
                   as_json: bool = Json):
     """Predicted speedup of speculation and whether to keep it (--acceptance-length, --step-ratio); or, with
     --target, the step ratio verification costs and the acceptance length a drafter needs."""
+    from ..argcheck import finite
     from ..gate import breakeven
     from ..verifycost import gate_margin
     margin = gate_margin() if margin is None else margin
@@ -136,7 +137,12 @@ def breakeven_cmd(acceptance_length: Optional[float] = typer.Option(None, "--acc
         error("--acceptance-length" if acceptance_length is None else "--step-ratio", "missing",
               "give --acceptance-length and --step-ratio, or --target MODEL_DIR")
     try:
+        finite(acceptance_length, "--acceptance-length", 1.0)
+        finite(step_ratio, "--step-ratio", positive=True)
+        finite(margin, "--margin")
         b = breakeven(acceptance_length, step_ratio, margin)
+    except SpecdeployError as exc:
+        fail(exc)
     except ValueError as exc:
         error("--acceptance-length" if "acceptance" in str(exc) else "--step-ratio", str(exc),
               "give --acceptance-length >= 1 and --step-ratio > 0")
@@ -244,13 +250,25 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
         assert levels and all(c > 0 for c in levels)
     except (ValueError, AssertionError):
         error("--concurrency", f"'{concurrency}' is not a list of positive numbers", "give a list like 1,8,32")
-    from ..argcheck import http_url, read_json_object, read_text
+    from ..argcheck import finite, http_url, read_json_object, read_text
     try:
         url = http_url(url, "--url")
+        finite(margin, "--margin")
+        for name, n in (("--requests", requests), ("--max-tokens", max_tokens), ("--k", k)):
+            if n is not None and n < 1:
+                raise SpecdeployError([Finding("error", name, f"{n} is not a positive count",
+                                               "give a count of at least 1")])
         base = read_json_object(baseline, "--baseline", "a report.json written by `specdeploy gate`") \
             if baseline else None
         key = read_text(api_key_file, "--api-key-file", "a file holding the API key").strip() \
             if api_key_file else None
+        if api_key_file and not key:  # an empty key would silently send no authentication at all
+            raise SpecdeployError([Finding("error", "--api-key-file", f"{api_key_file} is empty",
+                                           "put the engine's API key in it, or leave --api-key-file out when "
+                                           "the engine needs none")])
+        if key and any(c in key for c in "\r\n\0"):
+            raise SpecdeployError([Finding("error", "--api-key-file", f"{api_key_file} holds more than one line",
+                                           "keep only the API key in it, on one line")])
         if base is not None and not (isinstance(base.get("levels_by_concurrency"), dict)
                                      and isinstance(base.get("levels", []), list)):
             raise SpecdeployError([Finding("error", "--baseline", f"{baseline} is not a gate report "
@@ -268,7 +286,7 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
         try:
             report = gate(url, engine, levels, requests, max_tokens, prompts, base, k, margin, key, cb)
         except OSError as exc:
-            error("--url", f"cannot reach {url}: {exc}", "check the engine is up")
+            error("--url", f"cannot use {url}: {exc}", "check the engine is up and is the --engine given")
         except SpecdeployError as exc:
             fail(exc)
         prog.update(task, completed=len(levels))
