@@ -111,6 +111,8 @@ def engine_standin(engine: str = typer.Option(..., "--engine"), version: str = t
     known_engine(engine)
     try:
         print(standin_context(engine, version, out))
+    except SpecdeployError as exc:
+        fail(exc)
     except (UpstreamError, OSError) as exc:
         error(f"--version {version}", f"cannot get the {engine} sources: {exc}",
               "check the package index is reachable from the controller")
@@ -124,6 +126,8 @@ def wheelhouse_cmd(out: Path = typer.Option(..., "--out"),
     from ..wheelhouse import TargetError, build
     try:
         print(build(out, target))
+    except SpecdeployError as exc:
+        fail(exc)
     except TargetError as exc:
         error("--target", str(exc))
 
