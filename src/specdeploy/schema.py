@@ -57,6 +57,9 @@ def refuse_control_characters(v: Any) -> Any:
     return v
 
 
+# systemd.time(7): "infinity", or numbers with units, e.g. "90min", "2h 30min", "600".
+_SPAN_PART = r"\d+(\.\d+)? ?(usec|us|msec|ms|seconds?|sec|s|minutes?|min|m|hours?|hr|h|days?|d|weeks?|w|months?|M|years?|y)?"
+_TIME_SPAN = re.compile(rf"infinity|{_SPAN_PART}( {_SPAN_PART})*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -218,6 +221,13 @@ class HostVars(BaseModel):
                                       {"v": v})
         return v
 
+    @field_validator("specdeploy_start_timeout")
+    @classmethod
+    def _time_span(cls, v: str) -> str:
+        if not _TIME_SPAN.fullmatch(v):
+            raise PydanticCustomError("time_span", "'{v}' is not a systemd time span", {"v": v})
+        return v
+
     @field_validator("specdeploy_engine")
     @classmethod
     def _engine_known(cls, v: str) -> str:
@@ -285,6 +295,7 @@ RENAMED = {"specdeploy_model_local_path": "specdeploy_model_config_copy",
 _FIXES = {
     "control_character": "remove the control character (newline, carriage return, tab, ...): a systemd unit "
     "line, an env file or a YAML value cannot carry it",
+    "time_span": "give `infinity` or a time span such as `90min` or `2h 30min` (systemd.time(7))",
     "env_name": "use letters, digits and underscores, not starting with a digit",
     "absolute_path": "give the absolute path on the host (starting with /)",
     "colon_in_path": "move or link the directory to a path without ':'",

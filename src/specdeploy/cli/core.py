@@ -56,10 +56,10 @@ def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
 def engine_argv(inventory: str = Inventory, host: str = typer.Option(..., "--host"),
                 extra_vars: Optional[List[str]] = ExtraVars, as_json: bool = Json):
     """Print the exact engine command and environment for HOST."""
-    import shlex
     from ..inventory import load, parse_extra_vars
     from ..nccl_env import resolve
     from ..plan import engine_command
+    from ..render.quoting import shell_arg, shell_line
     try:
         inv = load(inventory, limit=host, extra=parse_extra_vars(extra_vars))
         h = inv.host(host)
@@ -73,8 +73,8 @@ def engine_argv(inventory: str = Inventory, host: str = typer.Option(..., "--hos
         print(json.dumps({"argv": cmd.argv, "env": env}, indent=2))
     else:
         for k, v in env.items():
-            print(f"{k}={shlex.quote(v)} \\")
-        print(" ".join(shlex.quote(a) for a in cmd.argv))
+            print(f"{k}={shell_arg(v)} \\")
+        print(shell_line(cmd.argv))
 
 
 @engine_app.command("image")
