@@ -58,7 +58,8 @@ def refuse_control_characters(v: Any) -> Any:
 
 
 # systemd.time(7): "infinity", or numbers with units, e.g. "90min", "2h 30min", "600".
-_SPAN_PART = r"\d+(\.\d+)? ?(usec|us|msec|ms|seconds?|sec|s|minutes?|min|m|hours?|hr|h|days?|d|weeks?|w|months?|M|years?|y)?"
+_SPAN_UNITS = "usec|us|msec|ms|seconds?|sec|s|minutes?|min|m|hours?|hr|h|days?|d|weeks?|w|months?|M|years?|y"
+_SPAN_PART = rf"\d+(\.\d+)? ?({_SPAN_UNITS})?"
 _TIME_SPAN = re.compile(rf"infinity|{_SPAN_PART}( {_SPAN_PART})*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

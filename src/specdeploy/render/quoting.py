@@ -1,14 +1,14 @@
 """Quoting, one function per destination. Every value specdeploy writes into a file a host reads goes through
 the function for where it lands; nothing is interpolated into those files unquoted.
 
-| destination | function | read back by |
-|---|---|---|
-| an argument of a unit's ``ExecStart=`` line | :func:`exec_arg` / :func:`exec_line` | systemd (unquotes, C escapes, ``%`` specifiers, ``$`` variables) |
-| any other unit setting's value | :func:`unit_value` | systemd (one line) |
-| a line of an ``EnvironmentFile=`` | :func:`environment_file_line` | systemd (shell-like quotes and backslashes) |
-| a line of a ``docker run --env-file`` file | :func:`docker_env_file_line` | docker (everything after ``=``, verbatim) |
-| a shell command line | :func:`shell_arg` / :func:`shell_line` | ``sh`` |
-| a YAML document, or one scalar in a template | :func:`yaml_document`, :func:`yaml_scalar` | any YAML parser (``yaml.safe_dump`` or JSON, never bare interpolation) |
+- an argument of a unit's ``ExecStart=`` line: :func:`exec_arg` / :func:`exec_line` (systemd unquotes, reads C
+  escapes, ``%`` specifiers and ``$`` variables);
+- any other unit setting's value: :func:`unit_value` (systemd reads one line);
+- a line of an ``EnvironmentFile=``: :func:`environment_file_line` (shell-like quotes and backslashes);
+- a line of a ``docker run --env-file`` file: :func:`docker_env_file_line` (docker takes everything after ``=``);
+- a shell command line: :func:`shell_arg` / :func:`shell_line`;
+- a YAML scalar in a template: :func:`yaml_scalar` (a JSON string, which YAML reads as a double-quoted
+  scalar), never bare interpolation; a whole YAML document is ``yaml.safe_dump``'s.
 
 The schema refuses control characters in every variable already; these functions refuse them again where a
 value that did not come from the schema could carry one, so a line cannot end early.
@@ -18,9 +18,6 @@ from __future__ import annotations
 import re
 import shlex
 import unicodedata
-
-# The credentials directory systemd hands a unit with LoadCredential=: the one variable left for systemd to expand.
-CREDENTIALS_VAR = "${CREDENTIALS_DIRECTORY}"
 
 
 def _one_line(value: str, what: str) -> str:
@@ -32,8 +29,9 @@ def _one_line(value: str, what: str) -> str:
 
 
 def exec_arg(arg: str) -> str:
-    """One argument of an ``ExecStart=`` line: ``%`` and ``$`` escaped (bar the credentials directory), quoted
-    unless it is made of characters systemd takes literally."""
+    """One argument of an ``ExecStart=`` line: ``%`` and ``$`` escaped (bar ``${CREDENTIALS_DIRECTORY}``, the
+    directory of a LoadCredential=, which systemd is meant to expand), quoted unless it is made of characters
+    systemd takes literally."""
     _one_line(arg, "ExecStart argument")
     s = arg.replace("%", "%%")
     s = re.sub(r"\$(?!\{CREDENTIALS_DIRECTORY\})", "$$", s)
@@ -105,9 +103,3 @@ def yaml_scalar(value, quote: bool = True) -> str:
     if not quote and re.fullmatch(r"[A-Za-z0-9_./-]+", s) and yaml.safe_load(s) == s:
         return s
     return json.dumps(s)
-
-
-def yaml_document(obj, header: str = "") -> str:
-    """A YAML document from plain data (``header``: comment lines before it)."""
-    import yaml
-    return header + yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, allow_unicode=False, width=10**6)

@@ -1,6 +1,6 @@
 """systemd rendering: the Jinja2 templates in ``templates/`` (every value goes in through a filter of
-:mod:`specdeploy.render.quoting`: ``exec_line``, ``unit_value``, ``env_line``, ``docker_env_line``, ``yaml``, ``yaml_plain``), and the router
-unit."""
+:mod:`specdeploy.render.quoting`: ``exec_line``, ``unit_value``, ``env_line``, ``docker_env_line``, ``yaml``,
+``yaml_plain``), and the router unit."""
 from __future__ import annotations
 
 from pathlib import Path
