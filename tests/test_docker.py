@@ -151,8 +151,13 @@ def test_env_file_reads_the_same_in_its_consumer():
     assert "EnvironmentFile=/etc/specdeploy/specdeploy-vllm.env" in unit
     got = parse_env_file(text, "systemd")
     assert {k: got[k] for k in ENV} == ENV
+    # a newline is refused by the schema, naming the variable; the renderer refuses it again for a value that
+    # did not come through the schema
+    from specdeploy.errors import SpecdeployError
+    with pytest.raises(SpecdeployError, match="specdeploy_engine_env.*newline"):
+        _hv(specdeploy_engine_env={"X": "a\nb"})
     with pytest.raises(ValueError, match="newline"):
-        render_host("h", _hv(specdeploy_engine_env={"X": "a\nb"}))
+        render_host("h", _hv().model_copy(update={"specdeploy_engine_env": {"X": "a\nb"}}))
 
 
 def test_wheelhouse_targets_the_hosts_python(tmp_path):

@@ -48,11 +48,16 @@ def test_tuned_nccl_env_reaches_unit_env(repo):
 def test_systemd_exec_line_round_trips_argv(repo):
     """The ExecStart line, parsed with systemd's quoting rules, gives back exactly the argv."""
     from specdeploy.render.systemd import systemd_quote
+    from unitcheck import exec_argv
     import shlex
     argv = ["vllm", "serve", "/m", "--speculative-config", '{"a":"b c","d":1}', "50%", "$HOME"]
     line = " ".join(systemd_quote(a) for a in argv)
     unescaped = [a.replace("%%", "%").replace("$$", "$") for a in shlex.split(line)]
     assert unescaped == argv
+    # read as systemd reads it (specifiers, then words with C escapes, then variables); tests/test_injection.py
+    # draws such values for every variable that reaches a unit
+    argv += [";", "a;b", "'single'", "back\\slash\\n", "$(id)", "`id`", "%n%i", "${X}", "", " lead", "é 中"]
+    assert exec_argv(" ".join(systemd_quote(a) for a in argv)) == argv
 
 
 def test_sglang_b200_has_no_pcie_settings(repo):

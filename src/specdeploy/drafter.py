@@ -10,6 +10,7 @@ Aux-layer numbering: vLLM and speculators number a tap L as the input of layer L
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -581,7 +582,34 @@ def _link_or_copy(src: Path, dst: Path):
 def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version: str | None = None) -> dict:
     """Write an engine-ready copy of the drafter in ``out``; refuse, saying why, when no correct conversion
     exists. Fixes: architecture name, speculators verifier / flattening, aux-id keys, num_hidden_layers from
-    the tensors, draft_vocab_size for a shared lm_head, and the layers.0./midlayer. layout."""
+    the tensors, draft_vocab_size for a shared lm_head, and the layers.0./midlayer. layout.
+
+    ``out`` is written beside itself and renamed into place (:mod:`specdeploy.outdir`): it must not exist, or be
+    a previous conversion; anything else there is refused and left alone, and a failed conversion leaves nothing."""
+    from .outdir import atomic_output_dir, check_target
+    inputs = (Path(drafter_dir), Path(target_dir))
+    check_target(out, CONVERT_CMD, inputs, _previous_conversion)
+    try:
+        with atomic_output_dir(out, CONVERT_CMD, inputs, _previous_conversion) as staged:
+            return _convert_into(drafter_dir, target_dir, engine, staged, version)
+    except SpecdeployError as exc:
+        if "staged" not in locals():
+            raise
+        # findings on the staged copy name the path it was going to have
+        raise SpecdeployError([dataclasses.replace(f, message=f.message.replace(str(staged), str(out)))
+                               for f in exc.problems]) from None
+
+
+CONVERT_CMD = "drafter convert"
+
+
+def _previous_conversion(path: Path) -> bool:
+    """A conversion written before outputs were marked: it holds the conversion record."""
+    return (path / META_FILE).is_file() and (path / "config.json").is_file()
+
+
+def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version: str | None = None) -> dict:
+    """The conversion, written into the new, empty directory ``out``."""
     version = resolve_version(engine, version)
     a = get_adapter(engine, version)
     facts = a.DRAFTER
@@ -638,9 +666,7 @@ def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version
         return ("midlayer." + s[len("layers.0."):] if s.startswith("layers.0.") else
                 "model.midlayer." + s[len("model.layers.0."):] if s.startswith("model.layers.0.") else s)
 
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = out
     renamed_total = 0
     for f in sorted(drafter_dir.iterdir()):
         if f.name in ("config.json", META_FILE) or not f.is_file():
@@ -664,8 +690,6 @@ def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version
             "target": str(target_dir.resolve()), "format": d.fmt, "actions": actions,
             "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
     post = check(out, target_dir, engine, version)
     if not post.ok:
         raise SpecdeployError([Finding("error", f.subject, f"converted drafter still fails: {f.message}", f.fix)

@@ -48,29 +48,42 @@ def build_plan(engine: str, version: str, patches: str = "auto", sandbox: bool =
 def standin_context(engine: str, version: str, out) -> str:
     """Write the sandbox stand-in's build context into ``out`` (on the controller, which can reach the package
     index): the Dockerfile and the engine's real Python sources from its release (vLLM sdist, SGLang wheel),
-    fetched and sha256-checked by :mod:`specdeploy.upstream`. Returns a stamp of the context."""
+    fetched and sha256-checked by :mod:`specdeploy.upstream`. Returns a stamp of the context.
+
+    ``out`` is written beside itself and renamed into place (:mod:`specdeploy.outdir`): it must not exist or be a
+    previous stand-in context; when the sources cannot be had, ``out`` is left as it was."""
     import hashlib
     import shutil
     from pathlib import Path
 
     from . import upstream
+    from .outdir import atomic_output_dir, check_target
     out = Path(out)
     stamp_file = out / "STAMP"
-    stamp = f"{engine}-{version}-" + hashlib.sha256(
-        (Path(__file__).resolve().parents[2] / "docker/sandbox-engine.Dockerfile").read_bytes()).hexdigest()[:12]
+    dockerfile = Path(__file__).resolve().parents[2] / "docker/sandbox-engine.Dockerfile"
+    stamp = f"{engine}-{version}-" + hashlib.sha256(dockerfile.read_bytes()).hexdigest()[:12]
+
+    def previous(path: Path) -> bool:  # a context written before outputs were marked
+        s = path / "STAMP"
+        return s.is_file() and s.read_text().strip().startswith(f"{engine}-") and (path / "engine-src").is_dir()
+
+    check_target(out, STANDIN_CMD, (), previous)
     if stamp_file.is_file() and stamp_file.read_text().strip() == stamp:
         return stamp
-    shutil.rmtree(out, ignore_errors=True)
-    (out / "engine-src").mkdir(parents=True)
-    shutil.copy(Path(__file__).resolve().parents[2] / "docker/sandbox-engine.Dockerfile", out / "Dockerfile")
     files = get(engine).standin_files  # None: the whole package (the patches apply to it)
-    src = upstream.source(engine, version) / engine
-    if files is None:
-        shutil.copytree(src, out / "engine-src" / engine)
-    else:
-        (out / "engine-src" / engine).mkdir()
-        for name in files:
-            if (src / name).is_file():
-                shutil.copy(src / name, out / "engine-src" / engine / name)
-    stamp_file.write_text(stamp + "\n")
+    src = upstream.source(engine, version) / engine  # fetched before anything is written
+    with atomic_output_dir(out, STANDIN_CMD, (), previous) as tmp:
+        (tmp / "engine-src").mkdir()
+        shutil.copy(dockerfile, tmp / "Dockerfile")
+        if files is None:
+            shutil.copytree(src, tmp / "engine-src" / engine)
+        else:
+            (tmp / "engine-src" / engine).mkdir()
+            for name in files:
+                if (src / name).is_file():
+                    shutil.copy(src / name, tmp / "engine-src" / engine / name)
+        (tmp / "STAMP").write_text(stamp + "\n")
     return stamp
+
+
+STANDIN_CMD = "engine standin"

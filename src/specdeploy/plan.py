@@ -4,7 +4,6 @@ of an inventory. The CLI and Ansible (filter ``specdeploy_render``) both call :f
 deploy cannot disagree."""
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from .errors import Finding, SpecdeployError
 from .render.paths import (SERVICE_USER, STATE_DIR, converted_drafter_path, engine_files, secret_env_path,
                            secret_path, unit_name)
 from .render.prometheus import render_prometheus
+from .render.quoting import shell_line
 from .render.runtime import engine_image, exec_argv
 from .render.systemd import jinja_env
 from .schema import HostVars
@@ -93,7 +93,7 @@ def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan
         ctx["env_file"]: j.get_template("engine.env.j2").render(env=sorted(env.items()), nccl_source=nccl_source,
                                                                   host=host, consumer="docker" if ctx["docker"]
                                                                   else "systemd"),
-        argv_path: " ".join(shlex.quote(a) for a in cmd.argv) + "\n",
+        argv_path: shell_line(cmd.argv) + "\n",
     }
     exp_argv = [f"{hv.specdeploy_venv_path}/bin/specdeploy", "exporter", "--engine", hv.specdeploy_engine,
                 "--engine-url", f"http://127.0.0.1:{hv.specdeploy_port}",

@@ -7,14 +7,69 @@ when they drift.
 from __future__ import annotations
 
 import difflib
+import re
+import unicodedata
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from .errors import Finding, SpecdeployError
 from .hardware import PROFILE_NAMES
 
 PREFIX = "specdeploy_"
+
+
+
+def control_characters(value: Any, where: str = "") -> list[tuple[str, str]]:
+    """(where, character) for every control character in a string of ``value``, dict keys and list items
+    included: C0 and C1 controls, DEL, and the Unicode line and paragraph separators. None of them has a meaning
+    in a variable, and each can end a unit line, an env-file line or a YAML scalar early."""
+    out: list[tuple[str, str]] = []
+    if isinstance(value, str):
+        for ch in value:
+            if unicodedata.category(ch) in ("Cc", "Zl", "Zp"):
+                out.append((where, ch))
+                break
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            key = str(k)
+            out += control_characters(k, f"{where} key {key!r}".strip())
+            out += control_characters(v, f"{where}[{key!r}]" if where else f"[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            out += control_characters(v, f"{where}[{i}]")
+    return out
+
+
+def _char_name(ch: str) -> str:
+    names = {"\n": "newline", "\r": "carriage return", "\t": "tab", "\x00": "NUL"}
+    return f"U+{ord(ch):04X}" + (f" ({names[ch]})" if ch in names else "")
+
+
+def refuse_control_characters(v: Any) -> Any:
+    """The one check every variable goes through (strings, and the strings inside dicts and lists)."""
+    found = control_characters(v)
+    if found:
+        where, ch = found[0]
+        raise PydanticCustomError("control_character", "{where}holds the control character {char}",
+                                  {"where": f"{where} " if where else "", "char": _char_name(ch)})
+    return v
+
+
+# systemd.time(7): "infinity", or numbers with units, e.g. "90min", "2h 30min", "600".
+_SPAN_UNITS = "usec|us|msec|ms|seconds?|sec|s|minutes?|min|m|hours?|hr|h|days?|d|weeks?|w|months?|M|years?|y"
+_SPAN_PART = rf"\d+(\.\d+)? ?({_SPAN_UNITS})?"
+_TIME_SPAN = re.compile(rf"infinity|{_SPAN_PART}( {_SPAN_PART})*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_names(v: dict[str, str] | None) -> dict[str, str] | None:
+    """Environment variable names an env file and ``docker --env-file`` both read back as written."""
+    for k in v or {}:
+        if not _ENV_NAME.fullmatch(k):
+            raise PydanticCustomError("env_name", "{key} is not an environment variable name", {"key": repr(k)})
+    return v
 
 
 class CustomHardware(BaseModel):
@@ -26,6 +81,11 @@ class CustomHardware(BaseModel):
     interconnect: Literal["pcie", "nvlink"]
     nvswitch: bool = False
     nccl_env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("nccl_env")
+    @classmethod
+    def _env_names(cls, v):
+        return env_names(v)
 
 
 class HostVars(BaseModel):
@@ -140,11 +200,38 @@ class HostVars(BaseModel):
     specdeploy_ready_timeout_s: int = Field(
         3600, ge=1, description="How long the readiness gate waits for health and a real generation.")
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_control_characters(cls, v: Any) -> Any:
+        return refuse_control_characters(v)
+
+    @field_validator("specdeploy_engine_env", "specdeploy_nccl_env")
+    @classmethod
+    def _env_names(cls, v):
+        return env_names(v)
+
+    @field_validator("specdeploy_model_path", "specdeploy_drafter_path", "specdeploy_venv_path")
+    @classmethod
+    def _absolute_path(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not v.startswith("/"):
+            raise PydanticCustomError("absolute_path", "'{v}' is not an absolute path", {"v": v})
+        if ":" in v:  # docker -v SRC:DST[:ro] and the bind mounts split on it
+            raise PydanticCustomError("colon_in_path", "'{v}' holds a ':', which docker -v reads as a separator",
+                                      {"v": v})
+        return v
+
+    @field_validator("specdeploy_start_timeout")
+    @classmethod
+    def _time_span(cls, v: str) -> str:
+        if not _TIME_SPAN.fullmatch(v):
+            raise PydanticCustomError("time_span", "'{v}' is not a systemd time span", {"v": v})
+        return v
+
     @field_validator("specdeploy_engine")
     @classmethod
     def _engine_known(cls, v: str) -> str:
-        from pydantic_core import PydanticCustomError
-
         from .engines import names
         if v not in names():  # worded as pydantic words a Literal's error
             raise PydanticCustomError("literal_error", "Input should be {expected}",
@@ -207,6 +294,12 @@ RENAMED = {"specdeploy_model_local_path": "specdeploy_model_config_copy",
            "specdeploy_drafter_local_path": "specdeploy_drafter_config_copy"}
 
 _FIXES = {
+    "control_character": "remove the control character (newline, carriage return, tab, ...): a systemd unit "
+    "line, an env file or a YAML value cannot carry it",
+    "time_span": "give `infinity` or a time span such as `90min` or `2h 30min` (systemd.time(7))",
+    "env_name": "use letters, digits and underscores, not starting with a digit",
+    "absolute_path": "give the absolute path on the host (starting with /)",
+    "colon_in_path": "move or link the directory to a path without ':'",
     "literal_error": "use one of the allowed values",
     "missing": "set it in group_vars/ or host_vars/",
     "extra_forbidden": "remove it",
@@ -251,6 +344,7 @@ def validate_host(host: str, variables: dict[str, Any]) -> HostVars:
             problems.append(Finding("error", subject, msg, _type_fix(err), host))
         raise SpecdeployError(problems) from None
     problems.extend(semantic_problems(host, hv))
+    problems.extend(address_problems(host, variables))
     if problems:
         raise SpecdeployError(problems)
     return hv
@@ -270,6 +364,7 @@ def semantic_problems(host: str, hv: HostVars) -> list[Finding]:
                            f"speculation is enabled with method {hv.specdeploy_spec_method} but no drafter is set",
                            "set specdeploy_drafter_path, or specdeploy_spec_enabled: false", host))
     out.extend(source_problems(host, hv))
+    out.extend(port_problems(host, hv))
     from .engines import UnsupportedVersion, get_adapter
     try:
         adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)
@@ -297,3 +392,28 @@ def source_problems(host: str, hv: HostVars) -> list[Finding]:
                                f"set {need} to the full {kind} checkpoint, or {var}: host when the weights are "
                                "already on the host", host))
     return out
+
+
+def port_problems(host: str, hv: HostVars) -> list[Finding]:
+    """The ports this host listens on (the engine's, the exporter's) are distinct."""
+    ports = {"specdeploy_port": hv.specdeploy_port, "specdeploy_exporter_port": hv.specdeploy_exporter_port}
+    seen: dict[int, str] = {}
+    out = []
+    for var, port in ports.items():
+        if port in seen:
+            out.append(Finding("error", var, f"port {port} is also {seen[port]}: the second listener would fail "
+                               "to bind", f"give {var} a port of its own", host))
+        seen.setdefault(port, var)
+    return out
+
+
+# A host name or an IP address (IPv6 with its zone); what the scrape config and the router's worker URLs take.
+_ADDRESS = re.compile(r"[A-Za-z0-9._:%\[\]-]+")
+
+
+def address_problems(host: str, variables: dict[str, Any]) -> list[Finding]:
+    addr = variables.get("ansible_host")
+    if addr is None or (isinstance(addr, str) and _ADDRESS.fullmatch(addr)):
+        return []
+    return [Finding("error", "ansible_host", f"{addr!r} is not a host name or an IP address",
+                    "give the host's DNS name or IP address (letters, digits, '.', '-', ':')", host)]

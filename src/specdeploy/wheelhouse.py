@@ -50,20 +50,29 @@ def target_args(target: str | None) -> list[str]:
 
 
 def build(out: Path, target: str | None = None) -> str:
-    """Build (or reuse) the wheelhouse; returns its stamp (source hash and target)."""
+    """Build (or reuse) the wheelhouse; returns its stamp (source hash and target). ``out`` is written beside
+    itself and renamed into place (:mod:`specdeploy.outdir`): it must not exist or be a previous wheelhouse."""
+    from .outdir import atomic_output_dir, check_target
     extra = target_args(target)
     stamp = source_hash() + (f"-{target.strip()}" if target else "")
     marker = out / "STAMP"
+    check_target(out, WHEELHOUSE_CMD, (), _previous)
     if marker.is_file() and marker.read_text().strip() == stamp:
         return stamp
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*.whl"):
-        old.unlink()
-    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
-    subprocess.run(pip + ["wheel", "--no-deps", "-w", str(out), str(REPO)], check=True)
-    subprocess.run(pip + ["download", "-d", str(out), "--only-binary=:all:", *extra] + HOST_REQUIREMENTS,
-                   check=True)
-    (out / "requirements-host.txt").write_text("\n".join(HOST_REQUIREMENTS) + "\n")
-    (out / "requirements-image.txt").write_text("\n".join(IMAGE_REQUIREMENTS) + "\n")
-    marker.write_text(stamp + "\n")
+    with atomic_output_dir(out, WHEELHOUSE_CMD, (), _previous) as tmp:
+        pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+        subprocess.run(pip + ["wheel", "--no-deps", "-w", str(tmp), str(REPO)], check=True)
+        subprocess.run(pip + ["download", "-d", str(tmp), "--only-binary=:all:", *extra] + HOST_REQUIREMENTS,
+                       check=True)
+        (tmp / "requirements-host.txt").write_text("\n".join(HOST_REQUIREMENTS) + "\n")
+        (tmp / "requirements-image.txt").write_text("\n".join(IMAGE_REQUIREMENTS) + "\n")
+        (tmp / "STAMP").write_text(stamp + "\n")
     return stamp
+
+
+WHEELHOUSE_CMD = "wheelhouse"
+
+
+def _previous(path: Path) -> bool:
+    """A wheelhouse written before outputs were marked."""
+    return (path / "STAMP").is_file() and (path / "requirements-host.txt").is_file()

@@ -56,10 +56,10 @@ def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
 def engine_argv(inventory: str = Inventory, host: str = typer.Option(..., "--host"),
                 extra_vars: Optional[List[str]] = ExtraVars, as_json: bool = Json):
     """Print the exact engine command and environment for HOST."""
-    import shlex
     from ..inventory import load, parse_extra_vars
     from ..nccl_env import resolve
     from ..plan import engine_command
+    from ..render.quoting import shell_arg, shell_line
     try:
         inv = load(inventory, limit=host, extra=parse_extra_vars(extra_vars))
         h = inv.host(host)
@@ -73,8 +73,8 @@ def engine_argv(inventory: str = Inventory, host: str = typer.Option(..., "--hos
         print(json.dumps({"argv": cmd.argv, "env": env}, indent=2))
     else:
         for k, v in env.items():
-            print(f"{k}={shlex.quote(v)} \\")
-        print(" ".join(shlex.quote(a) for a in cmd.argv))
+            print(f"{k}={shell_arg(v)} \\")
+        print(shell_line(cmd.argv))
 
 
 @engine_app.command("image")
@@ -111,6 +111,8 @@ def engine_standin(engine: str = typer.Option(..., "--engine"), version: str = t
     known_engine(engine)
     try:
         print(standin_context(engine, version, out))
+    except SpecdeployError as exc:
+        fail(exc)
     except (UpstreamError, OSError) as exc:
         error(f"--version {version}", f"cannot get the {engine} sources: {exc}",
               "check the package index is reachable from the controller")
@@ -124,6 +126,8 @@ def wheelhouse_cmd(out: Path = typer.Option(..., "--out"),
     from ..wheelhouse import TargetError, build
     try:
         print(build(out, target))
+    except SpecdeployError as exc:
+        fail(exc)
     except TargetError as exc:
         error("--target", str(exc))
 

@@ -204,16 +204,28 @@ class EngineAdapter:
                 f"is not a {self.name} {self.version} load format specdeploy knows"
             out.append(Finding("error", "specdeploy_load_format", f"'{fmt}' {why}",
                                f"use one of: {', '.join(valid)}", host))
+        own = self._own_flags(hv) if hv.specdeploy_engine_extra_args else set()
         for arg in hv.specdeploy_engine_extra_args:
             if not arg.startswith("--"):
                 continue
             flag = arg.split("=", 1)[0]
-            if not self.flag_exists(flag):
+            if flag in own:  # the engine's parser keeps the last one: a second --port silently wins
+                out.append(Finding(
+                    "error", "specdeploy_engine_extra_args", f"{flag} is set by specdeploy already (from the "
+                    "inventory variables); given twice, the engine would take the later one",
+                    "remove it from specdeploy_engine_extra_args and set the specdeploy_* variable for it", host))
+            elif not self.flag_exists(flag):
                 out.append(Finding(
                     "error", "specdeploy_engine_extra_args",
                     f"{flag} is not a flag specdeploy knows for {self.name} {self.version}",
                     f"remove it, or check `{self.launch_hint}` on the pinned image", host))
         return out
+
+    def _own_flags(self, hv: HostVars) -> set[str]:
+        """The flags of the command specdeploy writes for ``hv`` without its extra args."""
+        bare = hv.model_copy(update={"specdeploy_engine_extra_args": []})
+        argv = self.command(bare, "/drafter" if hv.specdeploy_drafter_path else None).argv
+        return {a.split("=", 1)[0] for a in argv if a.startswith("--")}
 
     def resolved(self, hv: HostVars, key: str):
         """A profile-driven setting unless the inventory sets it explicitly."""

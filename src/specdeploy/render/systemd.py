@@ -1,13 +1,15 @@
-"""systemd rendering: the Jinja2 templates in ``templates/`` and the quoting of what goes into them (``ExecStart=``
-arguments, ``EnvironmentFile=`` and ``docker --env-file`` lines), and the router unit."""
+"""systemd rendering: the Jinja2 templates in ``templates/`` (every value goes in through a filter of
+:mod:`specdeploy.render.quoting`: ``exec_line``, ``unit_value``, ``env_line``, ``docker_env_line``, ``yaml``,
+``yaml_plain``), and the router unit."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import jinja2
 
 from .paths import SERVICE_USER
+from .quoting import (docker_env_file_line, environment_file_line, exec_arg, exec_line, parse_env_file,  # noqa: F401
+                      unit_value, yaml_scalar)
 
 
 def templates_dir() -> Path:
@@ -18,43 +20,8 @@ def templates_dir() -> Path:
     raise FileNotFoundError("specdeploy templates/ not found next to the package or in the source tree")
 
 
-def systemd_quote(arg: str) -> str:
-    """Quote one argument for an ExecStart= line. ``$`` and ``%`` are escaped except the credentials dir."""
-    s = arg.replace("%", "%%")
-    s = re.sub(r"\$(?!\{CREDENTIALS_DIRECTORY\})", "$$", s)
-    if s and re.fullmatch(r"[A-Za-z0-9_@%+=:,./${}-]+", s):
-        return s
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _env_line(key: str, value: str) -> str:
-    """One line of a systemd ``EnvironmentFile=`` (which unquotes and unescapes)."""
-    if re.fullmatch(r"[A-Za-z0-9_./:,=@+-]*", value):
-        return f"{key}={value}"
-    return f'{key}="' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _docker_env_line(key: str, value: str) -> str:
-    """One line of a ``docker run --env-file`` file: docker takes everything after the first ``=`` verbatim
-    (no quotes, no escapes), so a value is written as is and cannot hold a newline."""
-    if "\n" in value or "\r" in value:
-        raise ValueError(f"environment variable {key}: docker --env-file cannot carry a newline; "
-                         "remove it from specdeploy_engine_env")
-    return f"{key}={value}"
-
-
-def parse_env_file(text: str, consumer: str) -> dict[str, str]:
-    """Read an env file the way ``consumer`` (``systemd`` or ``docker``) does; used to check what we render."""
-    out = {}
-    for line in text.splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        key, _, value = line.lstrip().partition("=")
-        if consumer == "systemd":
-            import shlex
-            value = "".join(shlex.split(value, posix=True)) if value else ""
-        out[key] = value
-    return out
+# Kept under their old names for callers of this module; the quoting itself lives in render/quoting.py.
+systemd_quote = exec_arg
 
 
 _env = None
@@ -66,9 +33,12 @@ def jinja_env() -> jinja2.Environment:
         _env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())),
                                   undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                                   trim_blocks=True, lstrip_blocks=True)
-        _env.filters["systemd_quote"] = systemd_quote
-        _env.filters["env_line"] = lambda kv: _env_line(*kv)
-        _env.filters["docker_env_line"] = lambda kv: _docker_env_line(*kv)
+        _env.filters["exec_line"] = exec_line
+        _env.filters["unit_value"] = unit_value
+        _env.filters["env_line"] = lambda kv: environment_file_line(*kv)
+        _env.filters["docker_env_line"] = lambda kv: docker_env_file_line(*kv)
+        _env.filters["yaml"] = yaml_scalar
+        _env.filters["yaml_plain"] = lambda v: yaml_scalar(v, quote=False)
     return _env
 
 
