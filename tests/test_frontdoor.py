@@ -125,7 +125,7 @@ def test_deploy_bad_input_is_a_clean_error(tmp_path):
 
 def test_preflight_errors_stop_the_deploy_before_ansible(example_inv, tmp_path):
     gv = example_inv / "group_vars" / "specdeploy_engines.yml"
-    gv.write_text(gv.read_text() + "\nspecdeploy_engine_version: 0.15.1\n")
+    gv.write_text(gv.read_text().replace('specdeploy_engine_version: "0.16.0"', "specdeploy_engine_version: 0.15.1"))
     r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "deploy", "-i", str(example_inv), "--events",
                         str(tmp_path / "ev.jsonl")], capture_output=True, text=True, timeout=120)
     assert r.returncode in (1, 2) and "Traceback" not in r.stderr, r.stdout + r.stderr
