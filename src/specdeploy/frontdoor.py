@@ -127,12 +127,13 @@ class Target:
     ssh: list[str]
 
 
-def targets(inventory: str, limit: str | None = None, extra: dict | None = None) -> tuple[list[Target], list[str]]:
+def targets(inventory: str, limit: str | None = None, extra: dict | None = None,
+            vault=None) -> tuple[list[Target], list[str]]:
     """Engine hosts with their ports and an ssh command line (from the same Ansible variables a play uses),
     and the monitoring hosts' addresses."""
     from .inventory import load
     from .render.paths import unit_name
-    inv = load(inventory, limit=limit, extra=extra)
+    inv = load(inventory, limit=limit, extra=extra, vault=vault)
     out = []
     for h in inv.engine_hosts:
         v = h.vars
@@ -360,16 +361,20 @@ class Run:
 
 
 def run_playbook(run: Run, playbook: str, inventory: str, limit: str | None, extra: dict,
-                 private_dir: Path) -> int:
+                 runner_dir: Path, vault=None) -> int:
+    """ansible-playbook through ansible-runner; ``vault`` (inventory_ansible.Vault): the vault secrets given to
+    specdeploy, passed on with those of ansible.cfg and the environment."""
     import ansible_runner
-    private_dir.mkdir(parents=True, exist_ok=True)
+    vault_args = vault.playbook_args() if vault is not None else []
+    runner_dir.mkdir(parents=True, exist_ok=True)
     poller = threading.Thread(target=run.poll_load, daemon=True)
     poller.start()
     thread, runner = ansible_runner.run_async(
-        private_data_dir=str(private_dir), playbook=str(REPO / "ansible" / playbook),
+        private_data_dir=str(runner_dir), playbook=str(REPO / "ansible" / playbook),
         inventory=str(Path(inventory).resolve()), limit=limit, extravars=extra or None, quiet=True,
         event_handler=run.event, envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
-        project_dir=str(REPO), settings={"suppress_ansible_output": True})
+        project_dir=str(REPO), settings={"suppress_ansible_output": True},
+        **({"cmdline": shlex.join(vault_args)} if vault_args else {}))
     thread.join()
     rc = runner.rc if runner.rc is not None else 2
     run.finish(rc)

@@ -10,7 +10,8 @@ import typer
 
 from ..errors import SpecdeployError
 from .app import app
-from .options import ExtraVars, Inventory, Json, Limit, error, fail, inventory_optional
+from .options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail,
+                      inventory_optional, vault)
 
 if TYPE_CHECKING:  # rich is imported by the commands that draw, not when the CLI loads
     from rich.console import Console
@@ -61,13 +62,14 @@ def _triage_panel(row) -> Panel:
 
 
 def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Optional[List[str]],
-              events: Optional[Path], skip_preflight: bool):
+              events: Optional[Path], skip_preflight: bool, secrets=None):
     from ..frontdoor import PLAYBOOKS, Run, run_playbook, targets
     from ..inventory import parse_extra_vars
     out = _console()
+    vaulted: set[str] = set()
     try:
-        extra = parse_extra_vars(extra_vars)
-        hosts, _ = targets(inventory, limit, extra)
+        extra = parse_extra_vars(extra_vars, secrets, vaulted)
+        hosts, _ = targets(inventory, limit, extra, secrets)
     except SpecdeployError as exc:
         fail(exc)
     if not hosts:
@@ -76,7 +78,7 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
     if action == "deploy" and not skip_preflight:
         from ..preflight import preflight
         try:
-            reports = preflight(inventory, limit, extra)
+            reports = preflight(inventory, limit, extra, secrets)
         except SpecdeployError as exc:
             fail(exc)
         for host, r in reports.items():
@@ -117,9 +119,9 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
         return Group(_rows_table(run, title), *[_triage_panel(r) for r in run.rows.values() if r.triage])
     if live_tty:
         with Live(view(), console=out, refresh_per_second=2, get_renderable=view):
-            rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, extra, base / "runner")
+            rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, extra, base / "runner", secrets)
     else:
-        rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, extra, base / "runner")
+        rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, extra, base / "runner", secrets)
         out.print(view())
     for r in run.rows.values():
         if r.result in ("failed", "unreachable") and not r.triage and r.host not in shown:
@@ -163,9 +165,10 @@ for action, doc in (("deploy", "Provision, build, deploy (+gate) and verify thro
     def cmd(inventory: str = Inventory, limit: Optional[str] = Limit, extra_vars: Optional[List[str]] = ExtraVars,
             events: Optional[Path] = typer.Option(None, "--events", help="JSON lines event log (default "
                                                   ".cache/runs/<time>-<action>/events.jsonl)"),
-            skip_preflight: bool = typer.Option(False, "--skip-preflight"), _action: str = typer.Option(
-                action, hidden=True)):
-        _playbook(_action, inventory, limit, extra_vars, events, skip_preflight)
+            skip_preflight: bool = typer.Option(False, "--skip-preflight"),
+            vault_id: Optional[List[str]] = VaultIds, vault_password_file: Optional[List[str]] = VaultPasswordFiles,
+            _action: str = typer.Option(action, hidden=True)):
+        _playbook(_action, inventory, limit, extra_vars, events, skip_preflight, vault(vault_id, vault_password_file))
     cmd.__doc__ = doc + " Exit 0 all hosts ok, 1 any host failed, 2 bad input."
     app.command(action)(cmd)
 
@@ -175,11 +178,13 @@ def status_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
                                                         "host's :9090"),
                as_json: bool = Json, watch: bool = typer.Option(False, "--watch"),
                interval: float = typer.Option(5.0, "--interval"),
-               timeout: float = typer.Option(2.0, "--timeout", help="per host and query, seconds")):
+               timeout: float = typer.Option(2.0, "--timeout", help="per host and query, seconds"),
+               vault_id: Optional[List[str]] = VaultIds,
+               vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """The fleet: up, engine, release, speculation, gate verdict, acceptance, tokens/s, TTFT, restarts."""
     from ..frontdoor import fleet_status, prometheus_urls, targets
     try:
-        hosts, mon = targets(inventory, limit)
+        hosts, mon = targets(inventory, limit, vault=vault(vault_id, vault_password_file))
     except SpecdeployError as exc:
         fail(exc)
     proms = prometheus_urls(mon, prometheus)
@@ -214,7 +219,8 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
                layers: int = typer.Option(61, "--layers", help="decoder layers (Kimi-K2.5 / DeepSeek-V3: 61)"),
                k: int = typer.Option(3, "--k", help="draft tokens per step"),
                out: Path = typer.Option(Path("report.png"), "--out"),
-               as_json: bool = Json):
+               as_json: bool = Json, vault_id: Optional[List[str]] = VaultIds,
+               vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Key dashboard panels as a PNG from Prometheus: acceptance length, speedup, tokens/s, all-reduce share."""
     from ..frontdoor import prometheus_urls, targets
     from ..preflight import parse_seconds
@@ -234,7 +240,7 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
     urls = [prometheus] if prometheus else []
     if inventory:
         try:
-            urls = prometheus_urls(targets(inventory)[1], prometheus)
+            urls = prometheus_urls(targets(inventory, vault=vault(vault_id, vault_password_file))[1], prometheus)
         except SpecdeployError as exc:
             fail(exc)
     errors = []
