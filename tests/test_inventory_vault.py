@@ -163,3 +163,27 @@ def test_a_missing_or_wrong_vault_secret_is_a_finding(trees, tmp_path, kind, whe
     r = cli("plan", "-i", inv, "--vault-password-file", tmp_path / "nope")
     assert r.returncode == 2 and f"{tmp_path / 'nope'} was not found" in r.stderr and "Traceback" not in r.stderr
 
+
+def test_a_vaulted_extra_vars_file_is_read_and_redacted(trees, tmp_path):
+    from specdeploy.frontdoor import redact
+    from specdeploy.inventory import parse_extra_vars
+    from specdeploy.inventory_ansible import Vault
+    pw = trees["pw"]
+    f = tmp_path / "secret.yml"
+    f.write_text("specdeploy_port: 8123\n" + vault_cli("encrypt_string", "--vault-password-file", str(pw),
+                                                       "s3cr3t-value", "--name", "specdeploy_engine_env_secret"))
+    vaulted: set[str] = set()
+    extra = parse_extra_vars([f"@{f}"], Vault.of(password_files=[str(pw)]), vaulted)
+    assert extra == {"specdeploy_port": 8123, "specdeploy_engine_env_secret": "s3cr3t-value"}
+    assert vaulted == {"specdeploy_engine_env_secret"}
+    shown, hidden = redact(extra, vaulted)
+    assert shown == {"specdeploy_port": 8123, "specdeploy_engine_env_secret": "<redacted>"}
+    assert hidden == {"s3cr3t-value"}
+    whole = tmp_path / "whole.yml"
+    whole.write_text("specdeploy_port: 8124\n")
+    vault_cli("encrypt", "--vault-password-file", str(pw), str(whole))
+    vaulted = set()
+    assert parse_extra_vars([f"@{whole}"], Vault.of(password_files=[str(pw)]), vaulted) == {"specdeploy_port": 8124}
+    assert vaulted == {"specdeploy_port"}
+    r = cli("plan", "--json", "-i", trees["plain"], "-e", f"@{whole}")
+    assert r.returncode == 2 and str(whole) in r.stderr and "no vault secret was given" in r.stderr

@@ -63,7 +63,7 @@ def _triage_panel(row) -> Panel:
 
 def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Optional[List[str]],
               events: Optional[Path], skip_preflight: bool, secrets=None):
-    from ..frontdoor import PLAYBOOKS, Run, run_playbook, targets
+    from ..frontdoor import PLAYBOOKS, Run, private_dir, redact, run_playbook, targets
     from ..inventory import parse_extra_vars
     out = _console()
     vaulted: set[str] = set()
@@ -91,6 +91,10 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
             raise typer.Exit(1)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     base = Path(".cache/runs") / f"{stamp}-{action}"
+    try:  # the runner's files hold the -e values as given: only the user reads them
+        private_dir(base)
+    except OSError as exc:
+        error(str(base), f"cannot be created ({exc.strerror or exc})", "run from a directory you can write to")
     events = events or base / "events.jsonl"
     live_tty = out.is_terminal
     shown: set[str] = set()
@@ -107,9 +111,13 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
             if not live_tty:
                 out.print(_triage_panel(row))
 
-    run = Run(hosts, events, changed)
+    shown_extra, hidden = redact(extra, vaulted)
+    try:
+        run = Run(hosts, events, changed, hidden)
+    except OSError as exc:
+        error("--events", f"cannot write {events} ({exc.strerror or exc})", "give a writable path")
     run.log(event="started", action=action, playbook=PLAYBOOKS[action], inventory=str(inventory), limit=limit,
-            extra=extra)
+            extra=shown_extra)
     title = f"specdeploy {action} - {inventory}"
 
     from rich.console import Group
