@@ -119,12 +119,11 @@ def guarded_loader(source: Path, vault: Vault | None, groups: bool = True):
         def _get_file_contents(self, file_name):
             path = self.path_dwim(file_name)
             try:
-                data = read_bytes(path)
+                read_bytes(path)  # refuses a FIFO, a device or an oversized file before Ansible opens it
             except SpecdeployError as exc:
                 self._refuse(exc)
-            from ansible._internal._datatag._tags import Origin
             try:
-                data, plain = self._decrypt_if_vault_data(Origin(path=path).tag(data))
+                data, plain = super()._get_file_contents(file_name)
             except AnsibleVaultError:
                 why = ("none of the vault secrets given decrypts it (a wrong password, or another vault id?)"
                        if self._vault.secrets else "no vault secret was given")
