@@ -125,7 +125,7 @@ def test_deploy_bad_input_is_a_clean_error(tmp_path):
 
 def test_preflight_errors_stop_the_deploy_before_ansible(example_inv, tmp_path):
     gv = example_inv / "group_vars" / "specdeploy_engines.yml"
-    gv.write_text(gv.read_text() + "\nspecdeploy_engine_version: 0.15.1\n")
+    gv.write_text(gv.read_text().replace('specdeploy_engine_version: "0.16.0"', "specdeploy_engine_version: 0.15.1"))
     r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "deploy", "-i", str(example_inv), "--events",
                         str(tmp_path / "ev.jsonl")], capture_output=True, text=True, timeout=120)
     assert r.returncode in (1, 2) and "Traceback" not in r.stderr, r.stdout + r.stderr
@@ -374,3 +374,56 @@ def test_report_on_a_garbage_prometheus_is_a_clean_error(tmp_path):
         peer.close()
     assert r.returncode == 2 and "HTTP 500" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "r.png").exists()
+
+
+def test_deploy_events_are_private_redacted_and_the_vault_reaches_ansible(example_inv, tmp_path, monkeypatch):
+    """-e secrets (by name, nested, or vault ciphertext) never reach the event log, which is created 0600 in a
+    0700 directory; --vault-password-file goes on to ansible-playbook with an absolute path."""
+    import threading
+    import types
+
+    import ansible_runner
+    from typer.testing import CliRunner
+
+    from specdeploy.cli import app
+    calls = []
+
+    def fake_run_async(**kw):
+        calls.append(kw)
+        for host in ("gpu-a", "gpu-b"):
+            kw["event_handler"](_ev("runner_on_start", host, "Install the API key", "inference_engine"))
+            kw["event_handler"](_ev("runner_on_failed", host, "Install the API key", "inference_engine",
+                                    res={"msg": "bad key hunter2-secret in \"hf_abcdef\""}))
+        kw["event_handler"]({"event": "playbook_on_stats", "event_data": {"failures": {"gpu-a": 1, "gpu-b": 1}}})
+        t = threading.Thread(target=lambda: None)
+        t.start()
+        return t, types.SimpleNamespace(rc=2)
+    monkeypatch.setattr(ansible_runner, "run_async", fake_run_async)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pw").write_text("pw\n")
+    old = os.umask(0o022)
+    try:
+        r = CliRunner().invoke(app, ["deploy", "-i", str(example_inv), "--skip-preflight", "--vault-password-file",
+                                     "pw", "-e", "db_password=hunter2-secret", "-e",
+                                     '{"hf": {"token": "hf_abcdef"}, "note": "$ANSIBLE_VAULT;1.1;AES256 00"}',
+                                     "-e", "specdeploy_spec_num_tokens=3"])
+    finally:
+        os.umask(old)
+    assert r.exit_code == 1, r.output
+    (run_dir,) = (tmp_path / ".cache" / "runs").iterdir()
+    events = run_dir / "events.jsonl"
+    assert stat_mode(run_dir) == 0o700 and stat_mode(events) == 0o600
+    text = events.read_text()
+    for secret in ("hunter2-secret", "hf_abcdef", "$ANSIBLE_VAULT"):
+        assert secret not in text and secret not in r.output
+    started = json.loads(text.splitlines()[0])
+    assert started["extra"] == {"db_password": "<redacted>", "hf": {"token": "<redacted>"}, "note": "<redacted>",
+                                "specdeploy_spec_num_tokens": 3}
+    assert "bad key <redacted> in" in text
+    (kw,) = calls
+    assert kw["cmdline"] == f"--vault-password-file {tmp_path / 'pw'}"
+    assert kw["extravars"]["db_password"] == "hunter2-secret"  # ansible-playbook still gets the values
+
+
+def stat_mode(p) -> int:
+    return os.stat(p).st_mode & 0o777

@@ -83,9 +83,10 @@ def test_readme_inventory_of_the_model_e2e_reads_the_same(repo, tmp_path):
         "group_vars/all.yml": {"specdeploy_sandbox": True, "ansible_user": "root",
                                "ansible_python_interpreter": "/usr/bin/python3"}})
     gv = inv / "group_vars/specdeploy_engines.yml"
-    gv.write_text(gv.read_text() + yaml.safe_dump({"specdeploy_runtime": "venv", "specdeploy_engine_env": {"A": "2"}}))
+    gv.write_text(yaml.safe_dump({**yaml.safe_load(gv.read_text()), "specdeploy_runtime": "venv",
+                                  "specdeploy_engine_env": {"A": "2"}}))
     hv = inv / "host_vars/gpu-b.yml"
-    hv.write_text(hv.read_text() + yaml.safe_dump({"specdeploy_model_source": "controller"}))
+    hv.write_text(yaml.safe_dump({**yaml.safe_load(hv.read_text()), "specdeploy_model_source": "controller"}))
     assert_same(inv)
 
 

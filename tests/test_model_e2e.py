@@ -129,7 +129,7 @@ def fleet(tmp_path_factory):
         "ansible_python_interpreter": "/usr/bin/python3",
         "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"}))
     gv = inv / "group_vars" / "specdeploy_engines.yml"
-    gv.write_text(gv.read_text() + yaml.safe_dump({  # sandbox hosts: no GPUs, the engine simulator serves
+    gv.write_text(yaml.safe_dump({**yaml.safe_load(gv.read_text()),  # sandbox hosts: no GPUs, the simulator serves
         "specdeploy_sandbox": True, "specdeploy_runtime": "venv", "specdeploy_ready_timeout_s": 120,
         "specdeploy_engine_env": {"SPECDEPLOY_SIM_LOAD_SECONDS": "2", "SPECDEPLOY_SIM_STEP_MS": "5"}}))
     (inv / "host_vars" / "gpu-b.yml").write_text((inv / "host_vars" / "gpu-b.yml").read_text() + yaml.safe_dump({

@@ -58,7 +58,8 @@ def test_non_specdeploy_vars_are_ignored():
 
 def test_cli_bad_inventory_exits_nonzero_without_traceback(example_inv):
     gv = example_inv / "group_vars" / "specdeploy_engines.yml"
-    gv.write_text(gv.read_text() + "specdeploy_tensor_parallel_size: 12\nspecdeploy_engine_versoin: x\n")
+    text = gv.read_text().replace("specdeploy_tensor_parallel_size: 8\n", "specdeploy_tensor_parallel_size: 12\n")
+    gv.write_text(text + "specdeploy_engine_versoin: x\n")
     r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "plan", "-i", str(example_inv)],
                        capture_output=True, text=True)
     assert r.returncode == 2

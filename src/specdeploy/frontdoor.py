@@ -6,6 +6,7 @@ Everything here is independent of the terminal: ``cli/frontdoor.py`` draws it.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -126,12 +127,13 @@ class Target:
     ssh: list[str]
 
 
-def targets(inventory: str, limit: str | None = None, extra: dict | None = None) -> tuple[list[Target], list[str]]:
+def targets(inventory: str, limit: str | None = None, extra: dict | None = None,
+            vault=None) -> tuple[list[Target], list[str]]:
     """Engine hosts with their ports and an ssh command line (from the same Ansible variables a play uses),
     and the monitoring hosts' addresses."""
     from .inventory import load
     from .render.paths import unit_name
-    inv = load(inventory, limit=limit, extra=extra)
+    inv = load(inventory, limit=limit, extra=extra, vault=vault)
     out = []
     for h in inv.engine_hosts:
         v = h.vars
@@ -158,6 +160,58 @@ def read_journal(t: Target, timeout: float = 8) -> list[tuple[float | None, str]
 
 
 # ---- deploy / rollback / verify through ansible-runner ---------------------------------------------------
+REDACTED = "<redacted>"
+# words of a variable name (split at _ - . and case changes) that make its value a secret
+SECRET_WORDS = {"pass", "pw", "pwd", "token", "auth", "key", "privkey", "cert"}
+SECRET_PARTS = ("password", "passwd", "passphrase", "secret", "credential", "apikey")
+
+
+def secret_name(key: str) -> bool:
+    """Whether a variable's name says its value is a secret: api_key, ansible_become_pass, HF_TOKEN, db_password,
+    a nested client_secret (words: split at _ - . and case changes; specdeploy_spec_num_tokens is no secret)."""
+    words = [w.lower() for w in re.split(r"[_.\-\s]+|(?<=[a-z0-9])(?=[A-Z])", str(key)) if w]
+    return bool(SECRET_WORDS & set(words)) or any(part in w for w in words for part in SECRET_PARTS)
+
+
+def redact(extra: dict, vaulted: set[str] | frozenset = frozenset()) -> tuple[dict, set[str]]:
+    """``-e`` values as they may be written down: a value whose key looks secret, that came from a vault
+    (``vaulted``: top-level keys) or that is itself vault ciphertext becomes ``<redacted>``. Also the plain
+    text of every redacted value, to scrub from anything else written."""
+    found: set[str] = set()
+
+    def hide(value) -> str:
+        if isinstance(value, dict):
+            for v in value.values():
+                hide(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                hide(v)
+        elif value is not None and not isinstance(value, bool) and len(str(value)) >= 4:
+            found.add(str(value))
+        return REDACTED
+
+    def walk(obj, top: bool):
+        if isinstance(obj, dict):
+            return {k: hide(v) if secret_name(k) or (top and k in vaulted) else walk(v, False)
+                    for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [walk(v, False) for v in obj]
+        if isinstance(obj, str) and obj.lstrip().startswith("$ANSIBLE_VAULT"):
+            return hide(obj)
+        return obj
+    return walk(extra or {}, True), found
+
+
+def private_dir(path: Path) -> Path:
+    """A directory only its owner reads (0700 when this creates it; its parents as the umask makes them)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    return path
+
+
 def phase_of(role: str, task: str, play: str) -> str | None:
     role, task, play = role or "", task or "", play or ""
     if role == "gpu_host" or play.startswith("Provision"):
@@ -207,12 +261,18 @@ class HostRow:
 class Run:
     """One ansible-runner run of a playbook, folded into per-host rows; every event goes to a JSON lines log."""
 
-    def __init__(self, hosts: list[Target], events_path: Path, on_change: Callable[["Run", str], None] | None = None):
+    def __init__(self, hosts: list[Target], events_path: Path, on_change: Callable[["Run", str], None] | None = None,
+                 secrets: set[str] | frozenset = frozenset()):
         self.rows = {t.host: HostRow(t.host) for t in hosts}
         self.targets = {t.host: t for t in hosts}
         self.events_path = events_path
-        events_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = events_path.open("a")
+        # the log may hold what the hosts answered: created 0600 in a 0700 directory, never widened
+        private_dir(events_path.parent)
+        fd = os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        if os.fstat(fd).st_mode & 0o077:  # an existing file (--events): narrowed before the first line
+            os.fchmod(fd, 0o600)
+        self._log = os.fdopen(fd, "a")
+        self.secrets = sorted(secrets, key=len, reverse=True)
         self.lock = threading.Lock()
         self.on_change = on_change
         self.done = threading.Event()
@@ -220,10 +280,19 @@ class Run:
         self.rc: int | None = None
         self.started = time.time()
 
+    def scrub(self, text: str) -> str:
+        """``text`` with every secret value of the run replaced by <redacted>."""
+        for s in self.secrets:
+            text = text.replace(s, REDACTED)
+        return text
+
     def log(self, **rec):
         rec.setdefault("t", time.time())
+        line = json.dumps(rec, default=str)
+        for s in self.secrets:  # as JSON writes it
+            line = line.replace(json.dumps(s)[1:-1], REDACTED)
         with self.lock:
-            self._log.write(json.dumps(rec, default=str) + "\n")
+            self._log.write(line + "\n")
             self._log.flush()
 
     def event(self, ev: dict) -> bool:
@@ -263,7 +332,7 @@ class Run:
             if kind != "runner_on_ok" and not d.get("ignore_errors"):
                 # the final result comes from the play recap: a block's rescue may still recover
                 row.failed_task = task
-                row.message = str(res.get("msg") or res.get("stderr") or "")[:2000]
+                row.message = self.scrub(str(res.get("msg") or res.get("stderr") or ""))[:2000]
                 if kind == "runner_on_unreachable":
                     row.result = "unreachable"
                 if self.on_change:
@@ -359,16 +428,20 @@ class Run:
 
 
 def run_playbook(run: Run, playbook: str, inventory: str, limit: str | None, extra: dict,
-                 private_dir: Path) -> int:
+                 runner_dir: Path, vault=None) -> int:
+    """ansible-playbook through ansible-runner; ``vault`` (inventory_ansible.Vault): the vault secrets given to
+    specdeploy, passed on with those of ansible.cfg and the environment."""
     import ansible_runner
-    private_dir.mkdir(parents=True, exist_ok=True)
+    vault_args = vault.playbook_args() if vault is not None else []
+    private_dir(runner_dir)
     poller = threading.Thread(target=run.poll_load, daemon=True)
     poller.start()
     thread, runner = ansible_runner.run_async(
-        private_data_dir=str(private_dir), playbook=str(REPO / "ansible" / playbook),
+        private_data_dir=str(runner_dir), playbook=str(REPO / "ansible" / playbook),
         inventory=str(Path(inventory).resolve()), limit=limit, extravars=extra or None, quiet=True,
         event_handler=run.event, envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
-        project_dir=str(REPO), settings={"suppress_ansible_output": True})
+        project_dir=str(REPO), settings={"suppress_ansible_output": True},
+        **({"cmdline": shlex.join(vault_args)} if vault_args else {}))
     thread.join()
     rc = runner.rc if runner.rc is not None else 2
     run.finish(rc)

@@ -782,7 +782,7 @@ def probe(host: str, variables: dict, timeout: float = 120) -> tuple[HostFacts |
 
 
 def preflight_hosts(inventory: str, limit: str | None = None, extra: dict | None = None,
-                    probe_fn=probe) -> dict[str, Report]:
+                    probe_fn=probe, vault=None) -> dict[str, Report]:
     """``specdeploy preflight --hosts``: read every engine host over SSH (read-only) and report each gap."""
     from pathlib import Path
 
@@ -792,7 +792,7 @@ def preflight_hosts(inventory: str, limit: str | None = None, extra: dict | None
     path = Path(inventory)
     _check_path(path)
     from concurrent.futures import ThreadPoolExecutor
-    inv, all_vars = host_variables(path, extra)
+    inv, all_vars = host_variables(path, extra, vault)
 
     def one(name: str) -> Report:
         rep = Report()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 import yaml
 
 from .errors import Finding, SpecdeployError
+from .inventory_ansible import Vault
+from .inventory_files import check_text, read_bytes
 from .schema import HostVars, validate_host
 
 ENGINE_GROUP = "specdeploy_engines"
@@ -59,22 +62,39 @@ def _mapping(text: str, where: str) -> dict[str, Any]:
     return data
 
 
-def parse_extra_vars(items: list[str] | None) -> dict[str, Any]:
-    """``-e`` as ansible-playbook takes it: ``@file`` (YAML or JSON), an inline JSON/YAML mapping
-    (``'{"k": {...}}'``), or space-separated ``KEY=VALUE`` pairs (values YAML-typed). Later items win."""
+def parse_extra_vars(items: list[str] | None, vault: Vault | None = None,
+                     vaulted: set[str] | None = None) -> dict[str, Any]:
+    """``-e`` as ansible-playbook takes it: ``@file`` (YAML or JSON; vault-encrypted or with ``!vault`` values,
+    decrypted with ``vault``'s secrets), an inline JSON/YAML mapping (``'{"k": {...}}'``), or space-separated
+    ``KEY=VALUE`` pairs (values YAML-typed). Later items win. ``vaulted`` collects the keys whose value came out of
+    a vault."""
     out: dict[str, Any] = {}
     for item in items or []:
         item = item.strip()
         if item.startswith("@"):
             p = Path(item[1:])
-            if not p.is_file():
+            if p.is_dir():
+                raise SpecdeployError([Finding("error", "-e", f"{p} is a directory where a file is expected",
+                                               "give a YAML or JSON file of variables")])
+            if not p.exists():
                 raise SpecdeployError([Finding("error", "-e", f"{p} does not exist", "give an existing YAML file")])
             try:
-                text = p.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                reason = "is not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else f"cannot be read ({exc})"
-                raise SpecdeployError([Finding("error", "-e", f"{p} {reason}",
+                raw = read_bytes(p)
+                text = raw.decode("utf-8")
+            except SpecdeployError as exc:
+                raise SpecdeployError([Finding("error", "-e", f"{f.subject} {f.message}", f.fix)
+                                       for f in exc.problems]) from None
+            except UnicodeDecodeError:
+                raise SpecdeployError([Finding("error", "-e", f"{p} is not UTF-8 text",
                                                "give a YAML or JSON file of variables")]) from None
+            if text.lstrip().startswith("$ANSIBLE_VAULT") or "!vault" in text:
+                from .inventory_ansible import vaulted_vars_file
+                data, keys = vaulted_vars_file(p, vault)
+                if vaulted is not None:
+                    vaulted.update(keys)
+                out.update(data)
+                continue
+            check_text(p, text)
             out.update(_mapping(text, str(p)))
             continue
         if item.startswith(("{", "[")):
@@ -96,20 +116,22 @@ def parse_extra_vars(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def _ansible_load(path: Path, extra: dict[str, Any]):
+def _ansible_load(path: Path, extra: dict[str, Any], vault: Vault | None = None):
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager
 
-    loader = DataLoader()
+    from .inventory_ansible import guarded_loader
+    loader, secrets = guarded_loader(path, vault)
     try:
         inv = InventoryManager(loader=loader, sources=[str(path)])
     except AnsibleError as exc:
+        loader.check()
         raise _ansible_error(exc, path) from None
+    loader.check()
     vm = VariableManager(loader=loader, inventory=inv)
     vm._extra_vars = dict(extra)  # what ansible-playbook -e does
-    return inv, vm
+    return inv, vm, secrets
 
 
 def _ansible_error(exc: Exception, path: Path) -> SpecdeployError:
@@ -131,40 +153,64 @@ def _ansible_vars(vm, host, path: Path) -> dict[str, Any]:
     try:
         return vm.get_vars(host=host, include_hostvars=False)
     except AnsibleError as exc:
+        vm._loader.check()
         raise _ansible_error(exc, path) from None
 
 
 def _check_path(path: Path):
+    """The -i path exists and is a directory or a regular file; group_vars/ and host_vars/ beside it are
+    directories (Ansible skips them silently otherwise)."""
     if not path.exists():
         raise SpecdeployError([Finding("error", "-i", f"inventory {path} does not exist",
                                        "give an inventory directory such as inventory/example")])
+    if not path.is_dir():
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise SpecdeployError([Finding("error", str(path), "is not a regular file or a directory (a FIFO, socket "
+                                           "or device); specdeploy does not read from it",
+                                           "give an inventory directory or a YAML file")])
+    base = path if path.is_dir() else path.parent
+    for d in ("group_vars", "host_vars"):
+        p = base / d
+        if (p.exists() or p.is_symlink()) and not p.is_dir():
+            raise SpecdeployError([Finding("error", str(p), "is not a directory; Ansible would ignore it and its "
+                                           "variables with it", f"make {d} a directory of <name>.yml files")])
 
 
-def host_variables(path: Path, extra: dict[str, Any] | None = None):
+def host_variables(path: Path, extra: dict[str, Any] | None = None, vault: Vault | None = None):
     """(inventory, {host: variables}) with every specdeploy_* value templated as Ansible would.
     A host whose variables cannot be templated maps to the SpecdeployError instead.
     Static YAML inventories are read natively (inventory_native, the same answer without importing Ansible);
-    whatever that reader does not reproduce exactly is read through Ansible's own API."""
+    whatever that reader does not reproduce exactly (vaulted values among it) is read through Ansible's own API.
+    Every file either reader opens is held to inventory_files' rules first."""
     from .inventory_native import Unsupported, read
     try:
         return read(path, extra or {})
     except Unsupported:
-        return ansible_host_variables(path, extra)
+        return ansible_host_variables(path, extra, vault)
 
 
-def ansible_host_variables(path: Path, extra: dict[str, Any] | None = None):
-    """host_variables through Ansible's InventoryManager, VariableManager and Templar."""
+def ansible_host_variables(path: Path, extra: dict[str, Any] | None = None, vault: Vault | None = None):
+    """host_variables through Ansible's InventoryManager, VariableManager and Templar, with the vault secrets
+    ansible-playbook would use (vault: the ones given on the command line)."""
     from ansible.template import Templar
-    inv, vm = _ansible_load(path, extra or {})
+
+    from .inventory_ansible import undecryptable, vault_context
+    inv, vm, secrets = _ansible_load(path, extra or {}, vault)
     out: dict[str, Any] = {}
-    for h in inv.get_hosts():
-        raw = _ansible_vars(vm, h, path)
-        templar = Templar(loader=vm._loader, variables=raw)
-        try:
-            out[h.name] = _plain({k: (_template(templar, k, v, h.name) if k.startswith("specdeploy_") else v)
-                                  for k, v in raw.items()})
-        except SpecdeployError as exc:
-            out[h.name] = exc
+    with vault_context(secrets):
+        for h in inv.get_hosts():
+            raw = _ansible_vars(vm, h, path)
+            locked = undecryptable(raw, h.name)
+            if locked:
+                out[h.name] = SpecdeployError(locked)
+                continue
+            templar = Templar(loader=vm._loader, variables=raw)
+            try:
+                out[h.name] = _plain({k: (_template(templar, k, v, h.name) if k.startswith("specdeploy_") else v)
+                                      for k, v in raw.items()})
+            except SpecdeployError as exc:
+                out[h.name] = exc
     return inv, out
 
 
@@ -182,10 +228,11 @@ def engine_host_names(inv, path: Path, limit: str | None) -> list[str]:
     return names
 
 
-def load(path: str | os.PathLike, limit: str | None = None, extra: dict[str, Any] | None = None) -> Inventory:
+def load(path: str | os.PathLike, limit: str | None = None, extra: dict[str, Any] | None = None,
+         vault: Vault | None = None) -> Inventory:
     path = Path(path)
     _check_path(path)
-    inv, all_vars = host_variables(path, extra)
+    inv, all_vars = host_variables(path, extra, vault)
     if not all_vars:
         raise SpecdeployError([Finding("error", "-i", f"inventory {path} has no hosts",
                                        "add hosts to hosts.yml (see inventory/example)")])

@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from .inventory_files import checked_text, group_loop, loop_in
+
 YAML_EXTS = (".yml", ".yaml")
 VARS_EXTS = ("", ".yml", ".yaml", ".json")
 # directory entries Ansible skips when it reads an inventory directory (its defaults)
@@ -32,13 +34,16 @@ HARMLESS_ENV = {"ANSIBLE_CONFIG", "ANSIBLE_FORCE_COLOR", "ANSIBLE_NOCOLOR", "ANS
                 "ANSIBLE_ROLES_PATH", "ANSIBLE_FILTER_PLUGINS", "ANSIBLE_LOCAL_TEMP", "ANSIBLE_REMOTE_TEMP",
                 "ANSIBLE_RETRY_FILES_ENABLED", "ANSIBLE_FORKS", "ANSIBLE_TIMEOUT", "ANSIBLE_CALLBACK_RESULT_FORMAT",
                 "ANSIBLE_PYTHON_INTERPRETER", "ANSIBLE_DEPRECATION_WARNINGS", "ANSIBLE_NOCOWS", "ANSIBLE_LOG_PATH",
-                "ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_CALLBACKS_ENABLED", "ANSIBLE_DISPLAY_SKIPPED_HOSTS"}
+                "ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_CALLBACKS_ENABLED", "ANSIBLE_DISPLAY_SKIPPED_HOSTS",
+                # vault secrets: this reader steps aside at the first vaulted value anyway
+                "ANSIBLE_VAULT_PASSWORD_FILE", "ANSIBLE_VAULT_IDENTITY_LIST", "ANSIBLE_VAULT_IDENTITY"}
 HARMLESS_CFG = {"roles_path", "filter_plugins", "host_key_checking", "stdout_callback", "result_format",
                 "callback_result_format", "interpreter_python", "retry_files_enabled", "forks", "timeout", "nocows",
                 "deprecation_warnings", "log_path", "collections_path", "collections_paths", "callbacks_enabled",
                 "display_skipped_hosts", "local_tmp", "remote_tmp", "library", "module_utils", "remote_user",
                 "private_key_file", "gathering", "become", "become_user", "become_method", "callback_plugins",
-                "action_plugins", "lookup_plugins", "test_plugins", "strategy"}
+                "action_plugins", "lookup_plugins", "test_plugins", "strategy", "vault_password_file",
+                "vault_identity_list", "vault_identity"}
 HARMLESS_SECTIONS = {"ssh_connection", "connection", "paramiko_connection", "persistent_connection",
                      "privilege_escalation", "colors", "diff", "galaxy", "selinux"}
 NAME = re.compile(r"[A-Za-z0-9_.-]+\Z")
@@ -120,11 +125,8 @@ def _check_settings(cwd: Path) -> None:
 
 
 def _load_file(path: Path) -> Any:
-    """As Ansible loads a file: JSON if it parses as JSON, else YAML."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        _fail(f"{path} cannot be read as text")
+    """As Ansible loads a file: JSON if it parses as JSON, else YAML; a file inventory_files refuses is refused."""
+    text = checked_text(path)
     if text.lstrip().startswith("$ANSIBLE_VAULT"):
         _fail(f"{path} is vault-encrypted")
     try:
@@ -166,10 +168,12 @@ class NativeInventory:
             self.groups[name] = Group(name)
         return self.groups[name]
 
-    def _child(self, parent: str, child: str) -> None:
+    def _child(self, parent: str, child: str, path: Path | None = None) -> None:
         p, c = self.groups[parent], self.groups[child]
         if c is p or p.name in c.descendants():
-            _fail(f"group {child} under {parent} makes a loop")
+            tree = {n: [k.name for k in g.children] for n, g in self.groups.items()}
+            tree[parent].append(child)
+            raise group_loop(str(path or self.source), loop_in(tree) or [child, child])
         if c not in p.children:
             p.children.append(c)
             c.parents.append(p)
@@ -205,7 +209,7 @@ class NativeInventory:
                     if sub == "all":
                         _fail(f"{path}: group all under {name}")
                     self._parse_group(sub, sub_body, path)
-                    self._child(name, sub)
+                    self._child(name, sub, path)
             else:
                 for host, hvars in val.items():
                     if not NAME.match(host) or host in LOCALHOST:

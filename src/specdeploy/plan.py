@@ -151,10 +151,11 @@ def prometheus_targets(plans: list[tuple[str, str, HostPlan]]) -> list[dict]:
              "exporter_port": p.ports["exporter"]} for h, a, p in plans]
 
 
-def plan(inventory: str, limit: str | None = None, extra: dict | None = None):
-    """Every engine host of ``inventory`` rendered, and the scrape config over them."""
+def plan(inventory: str, limit: str | None = None, extra: dict | None = None, vault=None):
+    """Every engine host of ``inventory`` rendered, and the scrape config over them (vault: the vault secrets
+    given on the command line)."""
     from . import inventory as inv_mod
-    inv = inv_mod.load(inventory, limit=limit, extra=extra)
+    inv = inv_mod.load(inventory, limit=limit, extra=extra, vault=vault)
     plans: list[tuple[str, str, HostPlan]] = []
     for h in inv.engine_hosts:
         plans.append((h.name, h.address, render_host(h.name, h.hv, h.address)))

@@ -169,13 +169,15 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None) -> Report:
     return rep
 
 
-def preflight(inventory: str, limit: str | None = None, extra: dict | None = None) -> dict[str, Report]:
-    """One report per engine host. Inventory-level errors come back per host, not as an exception."""
+def preflight(inventory: str, limit: str | None = None, extra: dict | None = None,
+              vault=None) -> dict[str, Report]:
+    """One report per engine host. Inventory-level errors come back per host, not as an exception (vault: the
+    vault secrets given on the command line)."""
     from .inventory import _check_path, engine_host_names, host_variables
 
     path = Path(inventory)
     _check_path(path)
-    inv, all_vars = host_variables(path, extra)
+    inv, all_vars = host_variables(path, extra, vault)
     names = engine_host_names(inv, path, limit)
     if not names:
         raise SpecdeployError([Finding("error", "--limit", f"no engine hosts in {path} match '{limit}'",

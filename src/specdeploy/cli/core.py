@@ -11,7 +11,8 @@ import typer
 
 from ..errors import SpecdeployError
 from .app import app
-from .options import ExtraVars, Inventory, Json, Limit, error, fail, known_engine
+from .options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail, known_engine,
+                      vault)
 
 engine_app = typer.Typer(no_args_is_help=True, help="Engine command lines.")
 schema_app = typer.Typer(no_args_is_help=True, help="The inventory schema: docs and Ansible argument specs.")
@@ -21,12 +22,14 @@ schema_app = typer.Typer(no_args_is_help=True, help="The inventory schema: docs 
 def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
              extra_vars: Optional[List[str]] = ExtraVars,
              out_dir: Optional[Path] = typer.Option(None, "--out", help="Write the rendered files here."),
-             as_json: bool = Json):
+             as_json: bool = Json, vault_id: Optional[List[str]] = VaultIds,
+             vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Render, for every host, the units, environment, command line and scrape config a deploy installs."""
     from ..inventory import parse_extra_vars
     from ..plan import plan, write_out
     try:
-        _, plans, prom = plan(inventory, limit, parse_extra_vars(extra_vars))
+        secrets = vault(vault_id, vault_password_file)
+        _, plans, prom = plan(inventory, limit, parse_extra_vars(extra_vars, secrets), secrets)
         if out_dir:
             write_out(out_dir, plans, prom)
     except SpecdeployError as exc:
@@ -54,14 +57,17 @@ def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
 
 @engine_app.command("argv")
 def engine_argv(inventory: str = Inventory, host: str = typer.Option(..., "--host"),
-                extra_vars: Optional[List[str]] = ExtraVars, as_json: bool = Json):
+                extra_vars: Optional[List[str]] = ExtraVars, as_json: bool = Json,
+                vault_id: Optional[List[str]] = VaultIds,
+                vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Print the exact engine command and environment for HOST."""
     from ..inventory import load, parse_extra_vars
     from ..nccl_env import resolve
     from ..plan import engine_command
     from ..render.quoting import shell_arg, shell_line
     try:
-        inv = load(inventory, limit=host, extra=parse_extra_vars(extra_vars))
+        secrets = vault(vault_id, vault_password_file)
+        inv = load(inventory, limit=host, extra=parse_extra_vars(extra_vars, secrets), vault=secrets)
         h = inv.host(host)
     except SpecdeployError as exc:
         fail(exc)

@@ -10,7 +10,8 @@ import typer
 
 from ..errors import SpecdeployError
 from .app import app
-from .options import ExtraVars, Inventory, Json, Limit, error, fail, inventory_optional
+from .options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail,
+                      inventory_optional, vault)
 
 if TYPE_CHECKING:  # rich is imported by the commands that draw, not when the CLI loads
     from rich.console import Console
@@ -61,13 +62,14 @@ def _triage_panel(row) -> Panel:
 
 
 def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Optional[List[str]],
-              events: Optional[Path], skip_preflight: bool):
-    from ..frontdoor import PLAYBOOKS, Run, run_playbook, targets
+              events: Optional[Path], skip_preflight: bool, secrets=None):
+    from ..frontdoor import PLAYBOOKS, Run, private_dir, redact, run_playbook, targets
     from ..inventory import parse_extra_vars
     out = _console()
+    vaulted: set[str] = set()
     try:
-        extra = parse_extra_vars(extra_vars)
-        hosts, _ = targets(inventory, limit, extra)
+        extra = parse_extra_vars(extra_vars, secrets, vaulted)
+        hosts, _ = targets(inventory, limit, extra, secrets)
     except SpecdeployError as exc:
         fail(exc)
     if not hosts:
@@ -76,7 +78,7 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
     if action == "deploy" and not skip_preflight:
         from ..preflight import preflight
         try:
-            reports = preflight(inventory, limit, extra)
+            reports = preflight(inventory, limit, extra, secrets)
         except SpecdeployError as exc:
             fail(exc)
         for host, r in reports.items():
@@ -89,6 +91,10 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
             raise typer.Exit(1)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     base = Path(".cache/runs") / f"{stamp}-{action}"
+    try:  # the runner's files hold the -e values as given: only the user reads them
+        private_dir(base)
+    except OSError as exc:
+        error(str(base), f"cannot be created ({exc.strerror or exc})", "run from a directory you can write to")
     events = events or base / "events.jsonl"
     live_tty = out.is_terminal
     shown: set[str] = set()
@@ -105,9 +111,13 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
             if not live_tty:
                 out.print(_triage_panel(row))
 
-    run = Run(hosts, events, changed)
+    shown_extra, hidden = redact(extra, vaulted)
+    try:
+        run = Run(hosts, events, changed, hidden)
+    except OSError as exc:
+        error("--events", f"cannot write {events} ({exc.strerror or exc})", "give a writable path")
     run.log(event="started", action=action, playbook=PLAYBOOKS[action], inventory=str(inventory), limit=limit,
-            extra=extra)
+            extra=shown_extra)
     title = f"specdeploy {action} - {inventory}"
 
     from rich.console import Group
@@ -117,9 +127,9 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
         return Group(_rows_table(run, title), *[_triage_panel(r) for r in run.rows.values() if r.triage])
     if live_tty:
         with Live(view(), console=out, refresh_per_second=2, get_renderable=view):
-            rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, extra, base / "runner")
+            rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, extra, base / "runner", secrets)
     else:
-        rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, extra, base / "runner")
+        rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, extra, base / "runner", secrets)
         out.print(view())
     for r in run.rows.values():
         if r.result in ("failed", "unreachable") and not r.triage and r.host not in shown:
@@ -164,9 +174,10 @@ for action, doc in (("deploy", "Provision, build, deploy (+gate) and verify thro
     def cmd(inventory: str = Inventory, limit: Optional[str] = Limit, extra_vars: Optional[List[str]] = ExtraVars,
             events: Optional[Path] = typer.Option(None, "--events", help="JSON lines event log (default "
                                                   ".cache/runs/<time>-<action>/events.jsonl)"),
-            skip_preflight: bool = typer.Option(False, "--skip-preflight"), _action: str = typer.Option(
-                action, hidden=True)):
-        _playbook(_action, inventory, limit, extra_vars, events, skip_preflight)
+            skip_preflight: bool = typer.Option(False, "--skip-preflight"),
+            vault_id: Optional[List[str]] = VaultIds, vault_password_file: Optional[List[str]] = VaultPasswordFiles,
+            _action: str = typer.Option(action, hidden=True)):
+        _playbook(_action, inventory, limit, extra_vars, events, skip_preflight, vault(vault_id, vault_password_file))
     cmd.__doc__ = doc + " Exit 0 all hosts ok, 1 any host failed, 2 bad input."
     app.command(action)(cmd)
 
@@ -177,14 +188,16 @@ def status_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
                as_json: bool = Json, watch: bool = typer.Option(False, "--watch"),
                interval: float = typer.Option(5.0, "--interval"),
                timeout: float = typer.Option(2.0, "--timeout", help="total deadline of each host's and query's "
-                                             "answer, seconds; all run at once")):
+                                             "answer, seconds; all run at once"),
+               vault_id: Optional[List[str]] = VaultIds,
+               vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """The fleet: up, engine, release, speculation, gate verdict, acceptance, tokens/s, TTFT, restarts."""
     from ..argcheck import finite
     from ..frontdoor import fleet_status, prometheus_urls, targets
     try:
         finite(timeout, "--timeout", positive=True)
         finite(interval, "--interval", positive=True)
-        hosts, mon = targets(inventory, limit)
+        hosts, mon = targets(inventory, limit, vault=vault(vault_id, vault_password_file))
     except SpecdeployError as exc:
         fail(exc)
     proms = prometheus_urls(mon, prometheus)
@@ -219,7 +232,8 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
                layers: int = typer.Option(61, "--layers", help="decoder layers (Kimi-K2.5 / DeepSeek-V3: 61)"),
                k: int = typer.Option(3, "--k", help="draft tokens per step"),
                out: Path = typer.Option(Path("report.png"), "--out"),
-               as_json: bool = Json):
+               as_json: bool = Json, vault_id: Optional[List[str]] = VaultIds,
+               vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Key dashboard panels as a PNG from Prometheus: acceptance length, speedup, tokens/s, all-reduce share."""
     from ..argcheck import duration
     from ..frontdoor import prometheus_urls, targets
@@ -243,7 +257,7 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
     urls = [prometheus] if prometheus else []
     if inventory:
         try:
-            urls = prometheus_urls(targets(inventory)[1], prometheus)
+            urls = prometheus_urls(targets(inventory, vault=vault(vault_id, vault_password_file))[1], prometheus)
         except SpecdeployError as exc:
             fail(exc)
     errors = []

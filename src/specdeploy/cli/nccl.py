@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from .options import Json, error, fail, inventory_optional
+from .options import Json, VaultIds, VaultPasswordFiles, error, fail, inventory_optional, vault
 
 nccl_app = typer.Typer(no_args_is_help=True, help="Measure and choose the NCCL environment.")
 
@@ -106,7 +106,8 @@ def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl
                write_host_vars: Optional[Path] = typer.Option(None, "--write-host-vars",
                                                               help="host_vars/HOST.yml to update"),
                chart: Optional[Path] = typer.Option(None, "--chart"),
-               as_json: bool = Json):
+               as_json: bool = Json, vault_id: Optional[List[str]] = VaultIds,
+               vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Keep NCCL's default unless a candidate beats it consistently, beyond noise, on the traffic NCCL carries."""
     import yaml
     from rich.console import Console
@@ -131,7 +132,7 @@ def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl
                 error("-i/--host", "-i/--inventory and --host go together", "give both, or neither")
             from ..inventory import load
             try:
-                hv = load(inventory, limit=host).host(host).hv
+                hv = load(inventory, limit=host, vault=vault(vault_id, vault_password_file)).host(host).hv
             except SpecdeployError as exc:
                 fail(exc)
             tr = traffic_for_host(hv, gpus)

@@ -12,24 +12,29 @@ import typer
 from ..engines import DEFAULT as DEFAULT_ENGINE
 from ..errors import Finding, SpecdeployError
 from .app import app
-from .options import ExtraVars, Inventory, Json, Limit, error, fail, known_engine
+from .options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail, known_engine,
+                      vault)
 
 
 @app.command("preflight")
 def preflight_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
                   extra_vars: Optional[List[str]] = ExtraVars, as_json: bool = Json,
                   hosts: bool = typer.Option(False, "--hosts", help="Read the hosts over SSH (read-only): "
-                                             "driver, GPUs, fabric manager, ACS, IOMMU, Docker.")):
+                                             "driver, GPUs, fabric manager, ACS, IOMMU, Docker."),
+                  vault_id: Optional[List[str]] = VaultIds,
+                  vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Check everything knowable before the model load; change nothing. Exit 1 on any error."""
     from ..inventory import parse_extra_vars
     from ..preflight import preflight
     t0 = time.perf_counter()
     try:
+        secrets = vault(vault_id, vault_password_file)
+        extra = parse_extra_vars(extra_vars, secrets)
         if hosts:
             from ..hostfacts import preflight_hosts
-            reports = preflight_hosts(inventory, limit, parse_extra_vars(extra_vars))
+            reports = preflight_hosts(inventory, limit, extra, vault=secrets)
         else:
-            reports = preflight(inventory, limit, parse_extra_vars(extra_vars))
+            reports = preflight(inventory, limit, extra, secrets)
     except SpecdeployError as exc:
         fail(exc)
     ok = all(r.ok for r in reports.values())

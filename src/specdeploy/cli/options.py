@@ -1,4 +1,5 @@
-"""What every command shares: the options -i, -e, --limit and --json, defined once, and the one error path.
+"""What every command shares: the options -i, -e, --limit, --json, --vault-id and --vault-password-file, defined
+once, and the one error path.
 
 Every error a command reports is a ``Finding`` (the file or field, what is wrong, the fix) printed on stderr,
 followed by a non-zero exit; never a traceback."""
@@ -15,6 +16,12 @@ INVENTORY_HELP = "Ansible inventory directory or file."
 Inventory = typer.Option(..., "-i", "--inventory", help=INVENTORY_HELP)
 ExtraVars = typer.Option(None, "-e", "--extra-vars",
                          help="KEY=VALUE, a JSON/YAML mapping, or @file.yml, like ansible-playbook -e.")
+VaultIds = typer.Option(None, "--vault-id", help="Vault secret LABEL@FILE, FILE or LABEL@prompt, like ansible-playbook "
+                        "--vault-id (repeatable); vault_identity_list in ansible.cfg and ANSIBLE_VAULT_IDENTITY_LIST "
+                        "are read too.")
+VaultPasswordFiles = typer.Option(None, "--vault-password-file", help="Vault password file (or an executable that "
+                                  "prints it), like ansible-playbook --vault-password-file (repeatable); "
+                                  "ANSIBLE_VAULT_PASSWORD_FILE and vault_password_file in ansible.cfg are read too.")
 Limit = typer.Option(None, "--limit", help="Hosts or groups, like ansible-playbook --limit.")
 Json = typer.Option(False, "--json", help="Print JSON.")
 
@@ -22,6 +29,12 @@ Json = typer.Option(False, "--json", help="Print JSON.")
 def inventory_optional(help: str = INVENTORY_HELP):
     """-i for the commands where the inventory is one source among others."""
     return typer.Option(None, "-i", "--inventory", help=help)
+
+
+def vault(ids: list[str] | None, password_files: list[str] | None):
+    """The vault secrets of --vault-id and --vault-password-file."""
+    from ..inventory_ansible import Vault
+    return Vault.of(ids, password_files)
 
 
 def print_findings(exc: SpecdeployError) -> None:
