@@ -24,7 +24,7 @@ from dataclasses import dataclass
 MAX_LINE = 20_000     # characters per line looked at
 
 ANSI = re.compile(r"(?:\x1b|\^\[|#033|\\033|\\x1b|\\e|\\u001b)\[[0-9;]{0,16}[A-Za-z]|\x1b[()][A-Z0-9]|"
-                  r"\[(?:\d{1,3}(?:;\d{1,3})*)?m(?=[\s(\[]|$)", re.IGNORECASE)
+                  r"\[(?:\d{1,3}(?:;\d{1,3})*)?m(?=[\s(\[]|$)|\[\d{1,3}(?:;\d{1,3})*m", re.IGNORECASE)
 OUTER = [
     re.compile(r"^>\s?"),                                                    # markdown quote
     re.compile(r"^\s*\d{1,6}\s+(?=[(\[])"),                                  # pasted with line numbers
@@ -32,9 +32,9 @@ OUTER = [
     re.compile(r"^[A-Za-z0-9][\w.\-/]{0,62}\s*\|\s?"),                      # docker compose: "vllm-1  | "
     re.compile(r"^\s*\|\s?"),                                                # CI tables: "  | "
     re.compile(r"^(?:INFO|ERROR|WARNING|DEFAULT|DEBUG|NOTICE)\s+\d{4}-\d\d-\d\dT[\d:.]+Z?\s+(?:\[[^\]]{0,200}\]\s*)?"),
-    re.compile(r"^\s*\[?\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s"),  # ISO (docker -t, CI)
     re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^:\[]+\[\d+\]: "),   # journald short
     re.compile(r"^\d{4}-\d\d-\d\dT\S+ \S+ [^:\[]+\[\d+\]: "),                 # journald short-iso
+    re.compile(r"^\s*\[?\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s"),  # ISO (docker -t, CI)
 ]
 OUTER_ANY = re.compile("|".join(f"(?:{rx.pattern})" for rx in OUTER))
 PROC = re.compile(r"^\((?P<body>[A-Za-z_][\w .:=,\-/]{0,120}?)\)\s?")
@@ -115,11 +115,17 @@ def _headers(text: str, h: _Header) -> str:
             h.proc = name if h.proc is None else h.proc
             r = RANK_IN.search(body)
             h.rank = int(r.group(1)) if r and h.rank is None else h.rank
-            text = _outer(ANSI.sub("", stripped[m.end():])).lstrip()
+            text = _outer(ANSI.sub("", stripped[m.end():]))
+            if text.lstrip().startswith("["):      # a header after the prefix's colour codes
+                text = text.lstrip()
             continue
         m = STAGE.match(text)
-        if m:
-            h.proc = f"{h.proc} {m.group('stage')}" if h.proc else m.group("stage")
+        if m:                                  # a stage tag names the process only when nothing else does
+            h.proc = h.proc or m.group("stage")
+            text = text[m.end():]
+            continue
+        m = OUTER_ANY.match(text)
+        if m and m.end():                      # a container prefix inside a header (a wrapper's own logger)
             text = text[m.end():]
             continue
         for name, rx in HEADERS:
