@@ -54,7 +54,7 @@ def triage_cmd(logfiles: Optional[List[Path]] = typer.Argument(None),
     """Root exception of engine logs, how the engine ended (failed, clean-shutdown, killed), known fixes."""
     import subprocess
 
-    from ..triage import iter_logs, read_log, triage_lines
+    from ..triage import read_log, triage_files, triage_lines
 
     kernel: list[str] = []
     if kernel_log is not None:
@@ -89,8 +89,8 @@ def triage_cmd(logfiles: Optional[List[Path]] = typer.Argument(None),
                     pass
             except OSError as exc:
                 error(f"LOGFILE {p}", str(exc.strerror or exc), "make it readable or copy it somewhere readable")
-        lines = iter_logs(logfiles)       # streamed: a log of any size is read once, with bounded memory
-    res = triage_lines(lines, kernel)
+    # files: each read as its head and tail, a log of any size in bounded time and memory
+    res = triage_lines(lines, kernel) if journal else triage_files(logfiles, kernel)
     if as_json:
         print(json.dumps(res.to_dict(), indent=2))
     else:

@@ -12,6 +12,7 @@ size is read in one pass with bounded memory.
 from __future__ import annotations
 
 import io
+import os
 import re
 from collections import deque
 
@@ -21,19 +22,22 @@ from .outcome import Triage, decide
 __all__ = ["Record", "Triage", "iter_log", "iter_logs", "normalise", "read_log", "triage_files", "triage_lines",
            "window"]
 
-HEAD_LINES, TAIL_LINES = 20_000, 100_000
-HEAD_BYTES, TAIL_BYTES = 2 << 20, 8 << 20
+HEAD_LINES, TAIL_LINES = 10_000, 60_000
+HEAD_BYTES, TAIL_BYTES = 1 << 20, 6 << 20
 # where an engine (re)starts: a unit's journal holds every earlier run, and only the latest that ended says why
 RUN_START = re.compile(r"^(?:Started|Starting) [\w@.\-]+\.service\b|vLLM API server version|"
                        r"specdeploy engine simulator:|server_args=ServerArgs\(")
 
 
 def window(lines):
-    """(line number, line) for the first and the last lines of ``lines``, bounded in count and bytes."""
+    """(line number, line) for the first and the last lines of ``lines`` (strings, or (number, string) pairs),
+    bounded in count and bytes."""
     head: list[tuple[int, str]] = []
     tail: deque[tuple[int, str]] = deque()
     hb = tb = 0
     for n, s in enumerate(lines, 1):
+        if isinstance(s, tuple):
+            n, s = s
         if isinstance(s, (bytes, bytearray)):
             s = bytes(s).decode("utf-8", "replace")
         elif not isinstance(s, str):
@@ -114,5 +118,53 @@ def iter_logs(paths):
         yield from iter_log(p)
 
 
+def _decoded(chunk: bytes, n: int):
+    for raw in chunk.split(b"\n"):
+        for piece in _pieces(raw[:MAX_LINE].decode("utf-8", "replace")):
+            n += 1
+            yield n, piece
+
+
+def _file_window(path, n0: int = 0):
+    """(line number, line) of the head and the tail of one file, and its line count. A large regular file is not
+    read through: its middle's lines are only counted, and its tail is read from the end."""
+    size = os.path.getsize(path) if os.path.isfile(path) else None
+    with open(path, "rb") as fh:
+        small = size is None or size <= 2 * (HEAD_BYTES + TAIL_BYTES) or fh.read(2) in (b"\xff\xfe", b"\xfe\xff")
+        if small:
+            items = [(n0 + i, s) for i, s in enumerate(iter_log(path), 1)]
+            return window(items), (items[-1][0] if items else n0)
+        fh.seek(0)
+        head = fh.read(HEAD_BYTES)
+        cut = head.rfind(b"\n")
+        head = head[:cut] if cut >= 0 else head[:MAX_LINE]
+        items = list(_decoded(head, n0))[:HEAD_LINES]
+        fh.seek(len(head) + (cut >= 0))
+        n = n0 + head.count(b"\n") + 1 if cut >= 0 else n0 + 1
+        start = size - TAIL_BYTES
+        buf = bytearray(1 << 20)                 # the middle: counted in one reused buffer, never kept
+        pos = fh.tell()
+        while pos < start:
+            k = fh.readinto(memoryview(buf)[:min(len(buf), start - pos)])
+            if not k:
+                break
+            n += buf.count(b"\n", 0, k)
+            pos += k
+        data = fh.read()
+    first = data.find(b"\n")
+    n += 1 if first >= 0 else 0
+    body = data[first + 1:] if first >= 0 else b""
+    if body.endswith(b"\n"):
+        body = body[:-1]
+    items += list(_decoded(body, n))[-TAIL_LINES:] if body else []
+    return items, (items[-1][0] if items else n)
+
+
 def triage_files(paths, kernel=None) -> Triage:
-    return triage_lines(iter_logs(paths), kernel)
+    """Triage log files, each read as its head and tail (a large one never read through)."""
+    items: list[tuple[int, str]] = []
+    n = 0
+    for p in paths:
+        mine, n = _file_window(p, n)
+        items.extend(mine)
+    return triage_lines(window(items) if len(paths) > 1 else items, kernel)

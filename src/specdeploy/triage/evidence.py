@@ -78,9 +78,10 @@ LINES = [
     ("error-line", "unhandled", re.compile(r"Unhandled exception: \S+ what\(\): (?P<msg>.*)|^\s*what\(\):\s+"
                                            r"(?P<msg2>\S.*)")),
 ]
-HINT = re.compile(r"(?i)watchdog|kill|died|exit code|exited|custom code|Unhandled exception|what\(\)|Value error|"
+HINT = re.compile(r"[Ww]atchdog|[Kk]ill|died|exit code|exited|custom code|Unhandled exception|what\(\)|Value error|"
                   r"timed out|Segmentation|Aborted|Bus error|Assertion|CUDA driver|CUDA_ERROR|HSA_STATUS|WARN|"
-                  r"\bE[A-Z0-9]\d{4}: \[PID")
+                  r"\bE[A-Z0-9]\d{4}: \[PID|OOMKilled")
+SHUT_HINT = re.compile(r"[Ss]hut|SIG|[Ss]ignal|Stopping|Keyboard|terminated|Gracefully|Finished server|Deactivated")
 ERROR_LEVELS = ("ERROR", "CRITICAL", "FATAL")
 ERRORISH = re.compile(r"(?i)\b(?:error|errno|failed|failure|cannot|can't|unable|refused|denied|invalid|not found|"
                       r"no such|timed out|out of memory|not supported|unsupported)\b")
@@ -172,10 +173,8 @@ def _stream(body, out: list[Evidence]) -> None:
         continuation = cur is not None and (not r.hdr or r.text.startswith((" ", "\t")))
         if continuation and len(cur.block) < 8:
             cur.block.append(t)
-        if DUMP.search(t):
-            continue
         found = None
-        if HINT.search(t):
+        if HINT.search(t) and not DUMP.search(t):
             for kind, label, rx in LINES:
                 m = rx.search(t)
                 if m:
@@ -188,7 +187,7 @@ def _stream(body, out: list[Evidence]) -> None:
                         pending = found          # the caught exception is on the next line
                     break
         if found is None and r.level in ERROR_LEVELS and not continuation and not NOT_A_MESSAGE.search(r.text) \
-                and ERRORISH.search(t) and not generic(t):
+                and ERRORISH.search(t) and not generic(t) and not DUMP.search(t):
             found = Evidence("error-line", "logged", t[:2000], r, i)
         if found is not None:
             found.generic = generic(found.text) and found.kind != "kill"
@@ -224,7 +223,7 @@ def shutdowns(recs: list[Record]) -> tuple[list[Record], list[Record]]:
     req, routine = [], []
     for r in recs:
         t = r.text.strip()
-        if not t or DUMP.search(t):
+        if not t or not SHUT_HINT.search(t) or DUMP.search(t):
             continue
         if SHUTDOWN_REQUEST.search(t):
             req.append(r)

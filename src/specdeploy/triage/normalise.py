@@ -104,31 +104,50 @@ class _Header:
         self.hdr = self.sglang = False
 
 
+_BY_NAME = dict(HEADERS)
+_CANDIDATES = {
+    "[": [(n, _BY_NAME[n]) for n in ("sglang", "bare-src", "torch-rank", "glog")],
+    "A": [(n, _BY_NAME[n]) for n in ("vllm", "uvicorn", "module", "glog-plain", "bare-src")],
+    "0": [(n, _BY_NAME[n]) for n in ("kserve", "bare-src")],
+    "a": [("bare-src", _BY_NAME["bare-src"])],
+}
+PROC_NAME = re.compile(r",? ?(?:pid|ip)=[^,)]*")
+SGL_TP = re.compile(r"TP(\d+)")
+
+
+def _candidates(c: str):
+    if c == "[":
+        return _CANDIDATES["["]
+    if "A" <= c <= "Z":
+        return _CANDIDATES["A"]
+    if c.isdigit():
+        return _CANDIDATES["0"]
+    return _CANDIDATES["a"] if c.isalpha() or c in "_./-" else ()
+
+
 def _headers(text: str, h: _Header) -> str:
     """Strip the message headers at the start of ``text`` (in any order, nested), filling ``h``."""
     for _ in range(12):
-        stripped = text.lstrip() if text[:1] == " " and text.lstrip()[:1] == "(" else text
-        m = PROC.match(stripped)
-        if m and ("pid=" in m.group("body") or m.group("body") in ("raylet", "pid")):
-            body = m.group("body")
-            name = re.sub(r",? ?(?:pid|ip)=[^,)]*", "", body).strip() or body
-            h.proc = name if h.proc is None else h.proc
-            r = RANK_IN.search(body)
-            h.rank = int(r.group(1)) if r and h.rank is None else h.rank
-            text = _outer(ANSI.sub("", stripped[m.end():]))
-            if text.lstrip().startswith("["):      # a header after the prefix's colour codes
-                text = text.lstrip()
-            continue
-        m = STAGE.match(text)
-        if m:                                  # a stage tag names the process only when nothing else does
-            h.proc = h.proc or m.group("stage")
-            text = text[m.end():]
-            continue
-        m = OUTER_ANY.match(text)
-        if m and m.end():                      # a container prefix inside a header (a wrapper's own logger)
-            text = text[m.end():]
-            continue
-        for name, rx in HEADERS:
+        c = text[:1]
+        if c == "(" or (c == " " and text.lstrip()[:1] == "("):
+            stripped = text.lstrip()
+            m = PROC.match(stripped)
+            if m and ("pid=" in m.group("body") or m.group("body") in ("raylet", "pid")):
+                body = m.group("body")
+                h.proc = (PROC_NAME.sub("", body).strip() or body) if h.proc is None else h.proc
+                r = RANK_IN.search(body)
+                h.rank = int(r.group(1)) if r and h.rank is None else h.rank
+                text = _outer(stripped[m.end():])
+                if text[:1] == " " and text.lstrip()[:1] == "[":   # a header after the prefix's colour codes
+                    text = text.lstrip()
+                continue
+        if c == "[":
+            m = STAGE.match(text)
+            if m:                                  # a stage tag names the process only when nothing else does
+                h.proc = h.proc or m.group("stage")
+                text = text[m.end():]
+                continue
+        for name, rx in _candidates(c):
             m = rx.match(text)
             if not m:
                 continue
@@ -136,7 +155,7 @@ def _headers(text: str, h: _Header) -> str:
             if name == "sglang":
                 tags = gd["tags"].strip()
                 h.proc = h.proc or (tags or "main")
-                r = re.search(r"TP(\d+)", tags)
+                r = SGL_TP.search(tags)
                 h.rank = int(r.group(1)) if r else h.rank
                 h.sglang = True
             if gd.get("rank") is not None:
@@ -151,6 +170,10 @@ def _headers(text: str, h: _Header) -> str:
             text = text[m.end():]
             break
         else:
+            m = OUTER_ANY.match(text) if c else None
+            if m and m.end():                      # a container prefix inside a header (a wrapper's own logger)
+                text = text[m.end():]
+                continue
             return text
     return text
 
