@@ -167,7 +167,9 @@ def _failed(e: Evidence, text: str, supporting: list[Evidence]) -> Triage:
     sig = timeout_signature(e) if e.label == "timeout" else signature(e, text)
     why = {"watchdog": "the exception the NCCL watchdog caught", "pydantic": "the validation error's message",
            "remote-code": "the loader asked to run the model's own code", "nccl-warn": "NCCL's own warning",
-           "timeout": "the first collective timeout"}.get(e.label, f"root cause ({e.kind})")
+           "timeout": "the first collective timeout"}.get(e.label) or {
+        "exception": "root exception", "error-line": "root error line, no exception type",
+        "device": "the device's own error"}.get(e.kind, "root cause")
     evidence = [_ev(e.rec, why)]
     name = conf = fix = nxt = None
     if sig:

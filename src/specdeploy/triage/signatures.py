@@ -156,7 +156,7 @@ def signature(root: Evidence, text: str):
             return name, conf, fix, root.rec, "root cause"
         hit = next((r for r in root.after if rx.search(r.text)), None)
         if hit is not None:
-            return name, conf, fix, hit, f"names the cause ({name})"
+            return name, conf, fix, hit, "the line that names the cause"
     for name, frx, erx in FRAME_SIGNATURES:
         if erx.match(text) and any(frx.search(f) for f in root.frames[-3:]):
             return (*_named(name), root.rec, "root cause")
