@@ -38,7 +38,7 @@ def corpus():
 def test_corpus_is_complete_and_real():
     files = {p.name for p in CORPUS.glob("*.log")}
     assert files == {e["file"] for e in INDEX}, "every log has exactly one index entry"
-    assert len(INDEX) >= 30
+    assert len(INDEX) >= 60
     for e in INDEX:
         assert e["url"].startswith("https://github.com/") and e["engine"] in ("vllm", "sglang"), e["file"]
         assert e["truth"] and e["fix"] and e["version"] and e["expected"]["outcome"], e["file"]
@@ -48,7 +48,11 @@ def test_corpus_is_complete_and_real():
     outcomes = {e["expected"]["outcome"] for e in INDEX}
     assert engines == {"vllm", "sglang"} and sum(e["engine"] == "sglang" for e in INDEX) >= 8
     assert {"vllm-v0", "vllm-v1", "ray", "docker-compose", "kubernetes-logging", "ansi-caret", "ansi-without-esc",
-            "pasted-without-traceback", "pasted-flat", "chained-exception"} <= formats
+            "pasted-without-traceback", "pasted-flat", "chained-exception", "uvicorn-error", "kserve-logger",
+            "stage-tag", "nccl-warn", "cann-error-record", "rocm", "exception-before-traceback",
+            "ansi-escaped-text"} <= formats
+    projects = {e["url"].split("/")[3] + "/" + e["url"].split("/")[4] for e in INDEX}
+    assert len(projects) >= 10, projects    # not only the engines' own trackers
     assert {"weights", "kv-cache", "sampler", "cuda-graph", "nccl-init", "runtime", "shutdown"} <= phases
     assert outcomes == {"failed", "clean-shutdown", "killed", "no-exception-found"}
 
@@ -64,13 +68,11 @@ def test_corpus_metrics(corpus):
     print(f"\ncorpus: {len(corpus)} logs; root named {len(named)}/{len(with_root)}; confident wrong "
           f"{len(confident_wrong)}; outcome wrong {len(outcome_wrong)}; slowest "
           f"{max(dt for *_, dt in corpus) * 1000:.0f} ms")
-    assert len(named) >= 0.9 * len(with_root), missed
-    assert len(confident_wrong) <= 1, confident_wrong
-    assert len(outcome_wrong) <= 0.1 * len(corpus), outcome_wrong
+    assert len(corpus) >= 60
+    assert len(named) >= 0.95 * len(with_root), missed
+    assert not confident_wrong, confident_wrong
+    assert not outcome_wrong, outcome_wrong
     assert not slow, slow
-    for e, r, _ in corpus:
-        if e["expected"]["outcome"] == "clean-shutdown":
-            assert r.outcome == "clean-shutdown", e["file"]
 
 
 def test_unknown_answers_name_the_exception_and_the_next_step(corpus):
@@ -352,18 +354,21 @@ def test_cli_never_prints_a_traceback(tmp_path):
     one = (CORPUS / "vllm-7801-v0-flattened-nccl.log").read_text()
     huge.write_text("(Worker_TP1 pid=7) INFO 02-21 19:48:12 [default_loader.py:291] Loading weights took 1 s\n"
                     * 100_000 + one)
+    long_line = tmp_path / "long-line.log"
+    long_line.write_bytes(b"x" * (5 << 20) + b"\n" + (CORPUS / "vllm-7801-v0-flattened-nccl.log").read_bytes())
     utf16 = tmp_path / "utf16.log"
     utf16.write_bytes((CORPUS / "vllm-5244-trust-remote-code-chained.log").read_text().encode("utf-16"))
     base = [sys.executable, "-m", "specdeploy.cli", "triage"]
     env = dict(os.environ)
     for args, rc in [([binary], 1), ([empty], 1), ([tmp_path / "missing.log"], 2), ([tmp_path], 2), ([], 2),
-                     ([utf16, "--json"], 0), ([huge], 0), (["--kernel-log", tmp_path / "nope", empty], 2)]:
+                     ([utf16, "--json"], 0), ([huge], 0), ([long_line], 0),
+                     (["--kernel-log", tmp_path / "nope", empty], 2)]:
         t0 = time.perf_counter()
         r = subprocess.run(base + [str(a) for a in args], check=False, capture_output=True, text=True, env=env)
         assert "Traceback" not in r.stderr and r.returncode == rc, (args, r.stderr[-500:])
         if rc == 2:
             assert "Fix:" in r.stderr
-        if args and args[0] == huge:
+        if args and args[0] in (huge, long_line):
             assert "NCCL error: unhandled system error" in r.stdout and time.perf_counter() - t0 < 60
         if "--json" in args:
             assert json.loads(r.stdout)["signature"] == "trust-remote-code"
@@ -385,3 +390,163 @@ def test_cli_journal_reads_the_unit_and_the_kernel_log(tmp_path):
     out = json.loads(r.stdout)
     assert r.returncode == 0 and out["outcome"] == "killed" and out["signature"] == "host-oom-killer"
     assert any("Killed process 4100" in e["text"] for e in out["evidence"])
+
+
+# ------------------------------------------------------------------------------------------------ evidence kinds
+V1 = "(EngineCore_DP0 pid=270) ERROR 11-19 12:16:36 [core.py:842] "
+
+
+@pytest.mark.parametrize("lines,outcome,root,signature", [
+    # uvicorn's own error line, then its routine shutdown: a failed start, not an operator stop
+    (["INFO:     Started server process [593]", "INFO:     Waiting for application startup.",
+      "INFO:     Application startup complete.",
+      "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use",
+      "INFO:     Waiting for application shutdown.", "INFO:     Application shutdown complete."],
+     "failed", "address already in use", "port-in-use"),
+    # an ERROR record with no exception type
+    (["2024-07-01 07:28:04.488 1 kserve ERROR [__main__.py:<module>():254] Failed to start model server: integer "
+      "division or modulo by zero"], "failed", "Failed to start model server: integer division or modulo by zero",
+     None),
+    # the device-side assertion, not the RuntimeError it surfaces as
+    (["../aten/src/ATen/native/cuda/IndexKernel.cu:92: operator(): block: [0,0,0], thread: [64,0,0] Assertion "
+      "`-sizes[i] <= index && index < sizes[i] && \"index out of bounds\"` failed.",
+      V1 + "Traceback (most recent call last):", V1 + '  File "/v/gpu_model_runner.py", line 1499, in execute_model',
+      V1 + "RuntimeError: CUDA error: device-side assert triggered"], "failed", "index out of bounds", None),
+    # NCCL's warning, then a traceback cut before its exception
+    (["h100-15:139:1092 [7] socket.c:485 NCCL WARN socketStartConnect: Connect to 10.0.0.82<38455> failed : Software "
+      "caused connection abort", "h100-15:139:1092 [7] NCCL INFO transport/net.cc:687 -> 2",
+      "[2025-04-21 07:28:41 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+      '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 1714, in run_scheduler_process'],
+     "failed", "socketStartConnect: Connect to 10.0.0.82<38455> failed", "nccl-socket-connect"),
+    # a worker's message that spans lines, unwrapped
+    ([V1 + "Traceback (most recent call last):", V1 + '  File "/v/multiproc_executor.py", line 250, in collective_rpc',
+      V1 + "RuntimeError: Worker failed with error 'CUDA error: an illegal memory access was encountered",
+      V1 + "CUDA kernel errors might be asynchronously reported at some other API call',",
+      V1 + "please check the stack trace above for the root cause"],
+     "failed", "CUDA error: an illegal memory access was encountered", None),
+    # CUDA's driver OOM is an OOM
+    (["Traceback (most recent call last):", '  File "/v/model_loader/default_loader.py", line 12, in load_weights',
+      "RuntimeError: CUDA driver error: out of memory"], "failed", "CUDA driver error: out of memory", "cuda-oom-*"),
+    # HCCL's bound port: port-in-use, its evidence the line that says so
+    (["[rank0]: RuntimeError: createHCCLComm:compiler_depend.ts:1479 HCCL function error: HcclGetRootInfo(&hcclID), "
+      "error code is 11",
+      "[rank0]: EJ0003: [PID: 159] 2025-03-26-17:01:02.816.428 Failed to bind the IP port. Reason: The IP address and "
+      "port have been bound already."], "failed", "HcclGetRootInfo", "port-in-use"),
+    # an architecture the kernels were not built for, in the words of a ROCm build
+    (["RuntimeError: One of GPU archs of ['gfx1151'] is invalid or not supported with VLLM_ROCM_USE_AITER: 1"],
+     "failed", "gfx1151", "gpu-arch-unsupported"),
+    # a collective timeout, then the watchdog's SIGABRT: the timeout
+    (["[rank1]:[E1001 16:06:04.537 ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught collective operation timeout: "
+      "WorkNCCL(SeqNum=5210, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600054 milliseconds "
+      "before timing out.", "[rank1]:[E1001 16:06:04.538 ProcessGroupNCCL.cpp:1664] [PG 0 Rank 1] Timeout at NCCL work",
+      "Fatal Python error: Aborted", "vllm-1 exited with code 134"],
+     "failed", "Watchdog caught collective operation timeout", "nccl-collective-timeout"),
+    # a GPU fault, then the abort
+    ([":0:rocdevice.cpp            :3586: 1183357978 us:  Callback: Queue 0x7f35e8100000 aborting with error : "
+      "HSA_STATUS_ERROR_EXCEPTION: An HSAIL operation resulted in a hardware exception. code: 0x1016",
+      "Fatal Python error: Aborted"], "failed", "HSA_STATUS_ERROR_EXCEPTION", None),
+])
+def test_every_kind_of_evidence_can_be_the_root(lines, outcome, root, signature):
+    res = triage_lines(lines)
+    assert res.outcome == outcome and root in res.root_cause, res
+    assert fnmatch.fnmatch(res.signature or "", signature) if signature else res.signature is None, res.signature
+
+
+def test_a_signature_names_the_line_that_is_its_evidence():
+    lines = ["[rank0]: RuntimeError: HCCL function error: HcclGetRootInfo(&hcclID), error code is 11",
+             "[rank0]: [ERROR] 2025-03-26-17:01:03 (PID:159, Device:0, RankID:-1) ERR02200 DIST call hccl api failed.",
+             "[rank0]: EJ0003: [PID: 159] 2025-03-26-17:01:02.816.428 Failed to bind the IP port. Reason: The IP "
+             "address and port have been bound already."]
+    res = triage_lines(lines)
+    assert [e["line"] for e in res.evidence] == [1, 3] and "bound already" in res.evidence[1]["text"]
+    assert res.confidence == "medium"
+
+
+def test_an_exception_logged_before_its_traceback_keeps_the_traceback_as_its_location():
+    lines = ["ERROR 03-21 05:22:24 engine.py:244] AssertionError()",
+             "ERROR 03-21 05:22:24 engine.py:244] Traceback (most recent call last):",
+             'ERROR 03-21 05:22:24 engine.py:244]   File "/v/engine/multiprocessing/engine.py", line 242, in start',
+             "ERROR 03-21 05:22:24 engine.py:244]     self.run_engine_loop()",
+             'ERROR 03-21 05:22:24 engine.py:244]   File "/v/spec_decode/spec_decode_worker.py", line 88, in step',
+             "ERROR 03-21 05:22:24 engine.py:244]     assert x"]
+    res = triage_lines(lines)
+    assert res.root_cause == "AssertionError()" and res.location == "/v/spec_decode/spec_decode_worker.py:88"
+
+
+@pytest.mark.parametrize("prefix", ["[core.py:720] ", "(EngineCore_DP0 pid=1) [core.py:720] ",
+                                    "(APIServer pid=1) [Stage-1] ERROR 01-29 19:03:10 [omni_stage.py:1400] ",
+                                    "2024-07-01 07:28:04.488 1 kserve ERROR [model_server.py:<lambda>():101] "])
+def test_header_forms_without_level_or_time(prefix):
+    lines = [prefix + "Traceback (most recent call last):", prefix + '  File "/v/worker.py", line 7, in load_model',
+             prefix + "ValueError: expert map shape (96,) does not match local experts 48"]
+    res = triage_lines(lines)
+    assert res.root_cause == "ValueError: expert map shape (96,) does not match local experts 48"
+    assert res.location == "/v/worker.py:7"
+
+
+LOAD = ["(APIServer pid=1) INFO 05-08 00:41:35 [api_server.py:1043] vLLM API server version 0.8.5",
+        "(EngineCore_0 pid=90) INFO 05-08 00:41:37 [gpu_model_runner.py:1329] Starting to load model /m...",
+        "Loading safetensors checkpoint shards:  41% Completed | 26/64 [03:10<04:30,  7.32s/it]"]
+
+
+def test_an_interrupt_during_the_load_is_a_clean_shutdown_that_points_at_the_start_timeout():
+    lines = LOAD + ["(VllmWorker rank=0 pid=120) INFO 05-08 00:44:51 [multiproc_executor.py:425] WorkerProc was "
+                    "terminated",
+                    "(EngineCore_0 pid=90) ERROR 05-08 00:44:51 [core.py:396] EngineCore failed to start.",
+                    "(EngineCore_0 pid=90) ERROR 05-08 00:44:51 [core.py:396] Traceback (most recent call last):",
+                    '(EngineCore_0 pid=90) ERROR 05-08 00:44:51 [core.py:396]   File "/v/core.py", line 71, in i',
+                    "(EngineCore_0 pid=90) ERROR 05-08 00:44:51 [core.py:396] Exception: WorkerProc initialization "
+                    "failed due to an exception in a background process. See stack trace for root cause.",
+                    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
+    res = triage_lines(lines)
+    assert res.outcome == "clean-shutdown" and res.root_cause is None
+    assert "start timeout" in res.next_step and "startupProbe" in res.next_step
+    after = [ln.replace("Loading safetensors", "Loaded") for ln in LOAD] + [
+        "(APIServer pid=1) INFO:     Application startup complete.", "(APIServer pid=1) INFO:     Shutting down"]
+    assert "start timeout" not in triage_lines(after).next_step      # stopped once it was up: nothing to say
+
+
+def test_sigterm_during_the_load_names_the_start_timeout_and_routine_lines_are_not_a_stop():
+    res = triage_lines(LOAD + ["vllm-1 exited with code 143"])
+    assert res.outcome == "killed" and res.signature == "start-timeout-likely" and res.confidence == "medium"
+    res = triage_lines(["INFO:     Waiting for application shutdown.", "INFO:     Application shutdown complete.",
+                        "INFO:     Finished server process [1]"])
+    assert res.outcome == "no-exception-found" and "without saying why" in res.next_step
+
+
+# ------------------------------------------------------------------------------------------------ large logs
+# the child's own peak (VmHWM, in kB): ru_maxrss would carry the forking parent's high-water mark across exec
+_PEAK = ("import re, sys\nfrom specdeploy.triage import triage_files\nr = triage_files([sys.argv[1]])\n"
+         "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
+         "print(r.evidence[0]['line'], r.root_cause[:40], hwm)")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the peak from /proc")
+def test_a_large_log_is_read_in_bounded_memory_with_its_own_line_numbers(tmp_path):
+    """A 20 MB and a 40 MB log cost the same memory (the middle is counted, never kept), and the answer's line
+    numbers are the file's. bench/bench_triage_large.py times a 200 MB one."""
+    crash = (CORPUS / "vllm-7801-v0-flattened-nccl.log").read_bytes()
+    root_line = next(i for i, ln in enumerate(crash.decode().splitlines(), 1) if "NCCL error" in ln)
+    line = b"(Worker_TP1 pid=7) INFO 02-21 19:48:12 [default_loader.py:291] Loading weights took 1.02 seconds\n"
+    peaks = {}
+    for mb in (20, 40):
+        path = tmp_path / f"{mb}.log"
+        count = mb * (1 << 20) // len(line)
+        with open(path, "wb") as fh:
+            for _ in range(count // 1000):
+                fh.write(line * 1000)
+            fh.write(line * (count % 1000))
+            fh.write(crash)
+        r = subprocess.run([sys.executable, "-c", _PEAK, str(path)], capture_output=True, text=True, check=True)
+        n, *_, rss = r.stdout.split()
+        assert "NCCL error" in r.stdout and int(n) == count + root_line, r.stdout
+        peaks[mb] = int(rss) // 1024
+        path.unlink()
+    assert peaks[40] - peaks[20] < 16 and peaks[40] < 256, peaks
+
+
+def test_window_is_bounded_and_keeps_line_numbers():
+    from specdeploy.triage import HEAD_BYTES, TAIL_BYTES, window
+    kept = window(f"line {i} " + "x" * 200 for i in range(1, 200_001))
+    assert sum(len(s) for _, s in kept) <= HEAD_BYTES + TAIL_BYTES + 2 * 220
+    assert kept[0] == (1, "line 1 " + "x" * 200) and kept[-1][0] == 200_000 and kept[-1][1].startswith("line 200000 ")

@@ -59,7 +59,7 @@ def triage_cmd(logfiles: Optional[List[Path]] = typer.Argument(None),
     """Root exception of engine logs, how the engine ended (failed, clean-shutdown, killed), known fixes."""
     import subprocess
 
-    from ..triage import read_log, triage_lines
+    from ..triage import read_log, triage_files, triage_lines
 
     kernel: list[str] = []
     if kernel_log is not None:
@@ -88,13 +88,14 @@ def triage_cmd(logfiles: Optional[List[Path]] = typer.Argument(None),
         bad = [f"{p} ({'missing' if not p.exists() else 'not a file'})" for p in logfiles or [] if not p.is_file()]
         if not logfiles or bad:
             error("LOGFILE", ', '.join(bad) or 'none given', "give engine log files or --journal UNIT")
-        lines = []
         for p in logfiles:
             try:
-                lines.extend(read_log(p))
+                with open(p, "rb"):
+                    pass
             except OSError as exc:
                 error(f"LOGFILE {p}", str(exc.strerror or exc), "make it readable or copy it somewhere readable")
-    res = triage_lines(lines, kernel)
+    # files: each read as its head and tail, a log of any size in bounded time and memory
+    res = triage_lines(lines, kernel) if journal else triage_files(logfiles, kernel)
     if as_json:
         print(json.dumps(res.to_dict(), indent=2))
     else:

@@ -1,0 +1,232 @@
+"""Evidence: what in a log can say why an engine ended, by kind, each found per process stream.
+
+Kinds (``Evidence.kind``), each with its own rules for when it counts:
+
+- ``exception``: a Python exception line (``Type: message``), with its traceback's frames when it has one and, when
+  the exception was logged before its traceback, the frames of the traceback that follows;
+- ``error-line``: an error with no exception type: uvicorn's ``ERROR:    <msg>``, KServe's / vLLM's / glog's
+  ERROR-level records ("Failed to start model server: <msg>"), torch's ``what():``, pydantic's ``Value error,``,
+  the custom-code prompt. Only records at ERROR level or above count, never a traceback's own lines, never the
+  header line of a traceback that follows it (its exception is the evidence);
+- ``device``: the GPU/NPU said it: CUDA device-side assertions, CUDA driver errors, ROCm HSA errors, Ascend CANN
+  error records (``EJ0003: [PID: n] ...``);
+- ``collective``: NCCL/HCCL ``WARN`` lines, the NCCL watchdog's caught exception (``watchdog``) and its collective
+  timeout (``timeout``);
+- ``kill``: a process ended by a signal or an exit code, the kernel OOM killer, systemd's start timeout;
+- ``shutdown``: a stop was requested (signals, KeyboardInterrupt, ``WorkerProc was terminated``, uvicorn's
+  ``Shutting down``) or a routine shutdown line (``Application shutdown complete``): never a failure.
+
+Config and argument dumps are data, never evidence. Engine wrappers (``Engine core initialization failed``) are
+evidence of last resort (``generic``).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .normalise import Record
+
+EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failure|Fault|"
+                 r"Failed)|Exception|StopIteration|KeyError))(?:\([\w.]*\))?(?::\s*(?P<msg>.*))?$")
+FRAME = re.compile(r'^\s*File \\?"(?P<file>[^"\\]+)\\?", line (?P<line>\d+)(?:, in (?P<fn>\S+))?|'
+                   r"^\s*File (?P<file2>\S+\.py):(?P<line2>\d+), in (?P<fn2>\S+)")
+CHAIN = re.compile(r"^(?:The above exception was the direct cause|During handling of the above exception)")
+DUMP = re.compile(r"(?i)(?:with config:|args: Namespace\(|server_args=ServerArgs\(|non-default args|vLLM config: \{|"
+                  r"engine_args|Namespace\(|\bconfig=\{)")
+GENERIC = (
+    "Engine core initialization failed", "EngineDeadError", "WorkerProc initialization failed",
+    "RuntimeError: Worker proc", "EngineCore encountered an issue", "Received sigquit from a child",
+    "Rank 0 scheduler is dead", "Engine process failed to start", "Worker failed with error",
+    "Call to collective_rpc method failed", "AsyncEngineDeadError", "Background loop has errored already",
+    "MultiprocExecutor got fatal signal", "MulitprocExecutor got fatal signal", "Exception in worker",
+    "See stack trace (above) for the root cause", "Failed core proc(s)", "exceptions.RayTaskError",
+    "EngineCore failed to start", "WorkerProc hit an exception", "WorkerProc failed to start",
+    "Invocation of collective_rpc method failed", "Error executing method", "Exception in ASGI application",
+    "Application startup failed", "call hccl api failed", "UNKNOWN applicaiton exception", "UNKNOWN application",
+    "Scheduler hit an exception", "EngineCore hit an exception",
+)
+SHUTDOWN_EXC = re.compile(r"^(?:KeyboardInterrupt|(?:asyncio\.(?:exceptions\.)?)?CancelledError|SystemExit(?::\s*0)?$)|"
+                          r"WorkerProc was terminated")
+UNWRAP = re.compile(r"Worker failed with error '(?P<msg>.+?)',? please check the stack trace", re.DOTALL)
+# a stop was requested (by an operator, an orchestrator, a signal) / a routine line printed on any exit
+SHUTDOWN_REQUEST = re.compile(r"(?i)^Shutting down\.?$|Shutting down FastAPI|\[shutdown\]|"
+                              r"received signal=SIG(?:TERM|INT)|"
+                              r"Received (?:SIGTERM|SIGINT|signal (?:2|15)\b)|SIG(?:TERM|INT) received|"
+                              r"terminated by shutdown signal|^Stopping \S+\.service|Gracefully (?:exiting|stopping)|"
+                              r"WorkerProc was terminated|^KeyboardInterrupt")
+SHUTDOWN_ROUTINE = re.compile(r"(?i)Waiting for application shutdown|Application shutdown complete|Finished server "
+                              r"process|Deactivated successfully|shutdown complete|Stopping specdeploy")
+# non-Python lines: (kind, label, pattern); the first that matches a line names it
+LINES = [
+    ("collective", "watchdog", re.compile(r"watchdog thread terminated with exception:\s*(?P<msg>(?!\[Rank)"
+                                          r"(?!.*Watchdog caught).*?)\s*$", re.IGNORECASE)),
+    ("collective", "timeout", re.compile(r"Watchdog caught collective operation timeout: .*")),
+    ("kill", "oom-killer", re.compile(r"Out of memory: Killed process \d+ \([^)]*\).*|invoked oom-killer.*|"
+                                      r"oom-kill:.*")),
+    ("kill", "signal", re.compile(r"Worker \S+ pid \d+ died, exit code:? -?\d+|Worker proc \S+ died unexpectedly.*|"
+                                  r"code=(?:killed|dumped), status=\d+/\w+|exited with (?:exit )?code:? -?\d+|"
+                                  r"A worker died or was killed while executing a task.*|^Killed\s*$|OOMKilled|"
+                                  r"start operation timed out.*|Fatal Python error: (?:Segmentation fault|Aborted|"
+                                  r"Bus error)|(?:Segmentation fault|Aborted|Bus error) \(core dumped\)")),
+    ("device", "cuda-assert", re.compile(r"\S.{0,300}?Assertion `.{1,400}` failed\.?")),
+    ("device", "cuda-driver", re.compile(r"CUDA driver error: .+|CUDA_ERROR_[A-Z_]+.*")),
+    ("device", "hsa", re.compile(r"HSA_STATUS_ERROR_\w+.*")),
+    ("device", "cann", re.compile(r"^(?P<code>E[A-Z0-9]\d{4}): \[PID: \d+\] (?P<msg>.+)")),
+    ("collective", "nccl-warn", re.compile(r"\b(?:NCCL|HCCL) WARN .+")),
+    ("error-line", "remote-code", re.compile(r"\S.{0,300}contains custom code which must be executed.*")),
+    ("error-line", "pydantic", re.compile(r"^Value error, (?P<msg>.+?)(?: \[type=value_error.*)?$")),
+    ("error-line", "unhandled", re.compile(r"Unhandled exception: \S+ what\(\): (?P<msg>.*)|^\s*what\(\):\s+"
+                                           r"(?P<msg2>\S.*)")),
+]
+HINT = re.compile(r"[Ww]atchdog|[Kk]ill|died|exit code|exited|custom code|Unhandled exception|what\(\)|Value error|"
+                  r"timed out|Segmentation|Aborted|Bus error|Assertion|CUDA driver|CUDA_ERROR|HSA_STATUS|WARN|"
+                  r"\bE[A-Z0-9]\d{4}: \[PID|OOMKilled")
+SHUT_HINT = re.compile(r"[Ss]hut|SIG|[Ss]ignal|Stopping|Keyboard|terminated|Gracefully|Finished server|Deactivated")
+ERROR_LEVELS = ("ERROR", "CRITICAL", "FATAL")
+ERRORISH = re.compile(r"(?i)\b(?:error|errno|failed|failure|cannot|can't|unable|refused|denied|invalid|not found|"
+                      r"no such|timed out|out of memory|not supported|unsupported)\b")
+NOT_A_MESSAGE = re.compile(r"^(?:\s|\^|~|-{3,}|={3,}|Traceback|File )|^\W*$")
+
+
+@dataclass
+class Evidence:
+    kind: str              # exception | error-line | device | collective | kill | shutdown
+    label: str             # the detector: exception, uvicorn, cann, nccl-warn, watchdog, timeout, signal, ...
+    text: str
+    rec: Record
+    order: int
+    location: str | None = None
+    frames: list[str] = field(default_factory=list)
+    block: list[str] = field(default_factory=list)    # the message's continuation lines
+    in_tb: bool = False
+    generic: bool = False
+    tb_hdr: bool = False   # its traceback's frames were logged as records of their own (each with a header)
+    near: list[str] = field(default_factory=list)     # neighbouring lines, for the phase of an OOM only
+    after: list[Record] = field(default_factory=list)  # the next records of the same process
+
+
+def generic(text: str) -> bool:
+    return any(g in text for g in GENERIC)
+
+
+def shutdown_exception(text: str) -> bool:
+    return bool(SHUTDOWN_EXC.search(text))
+
+
+def _frames_after(body, j: int) -> tuple[str | None, list[str]]:
+    """The frames of a traceback that starts at body[j] (an exception logged before its traceback)."""
+    frames, loc = [], None
+    for _, r in body[j + 1:j + 400]:
+        fm = FRAME.match(r.text)
+        if fm:
+            loc = f"{fm.group('file') or fm.group('file2')}:{fm.group('line') or fm.group('line2')}"
+            frames.append(f"{fm.group('file') or fm.group('file2')} {fm.group('fn') or fm.group('fn2') or ''}")
+        elif EXC.match(r.text.strip()) or CHAIN.match(r.text.strip()):
+            break
+    return loc, frames[-12:]
+
+
+def _stream(body, out: list[Evidence]) -> None:
+    frames: list[str] = []
+    last_loc = None
+    frames_hdr = False
+    cur: Evidence | None = None
+    pending: Evidence | None = None      # a logged line whose message continues on the next line
+    for j, (i, r) in enumerate(body):
+        t = r.text.strip()
+        if not t:
+            cur = None
+            continue
+        if pending is not None:
+            pending.text, pending.rec, pending = t[:2000], r, None
+            continue
+        if t.startswith("Traceback (most recent call last)"):
+            prev = out[-1] if out and out[-1].rec.proc == r.proc else None
+            if prev is not None and prev.kind == "exception" and prev.rec.hdr and prev.order == body[j - 1][0] and \
+                    (not prev.in_tb or not prev.tb_hdr):
+                prev.location, prev.frames = _frames_after(body, j)   # logged before its traceback
+                prev.in_tb = bool(prev.frames)
+            elif prev is not None and prev.kind == "error-line" and prev.label == "logged" and prev.order == \
+                    body[j - 1][0]:
+                out.remove(prev)             # the header of this traceback: its exception is the evidence
+            frames, last_loc, cur = [], None, None
+            continue
+        fm = FRAME.match(t)
+        if fm:
+            f, ln = fm.group("file") or fm.group("file2"), fm.group("line") or fm.group("line2")
+            last_loc = f"{f}:{ln}"
+            frames_hdr = r.hdr
+            frames.append(f"{f} {fm.group('fn') or fm.group('fn2') or ''}")
+            cur = None
+            continue
+        em = EXC.match(t.rstrip('"'))
+        if em and not DUMP.search(t):
+            t = t.rstrip('"')
+            cur = Evidence("exception", "exception", t, r, i, last_loc, frames[-12:], [], bool(frames), generic(t),
+                           tb_hdr=frames_hdr)
+            out.append(cur)
+            frames, last_loc = [], None
+            continue
+        if CHAIN.match(t):
+            cur = None
+            continue
+        continuation = cur is not None and (not r.hdr or r.text.startswith((" ", "\t")))
+        if continuation and len(cur.block) < 8:
+            cur.block.append(t)
+        found = None
+        if HINT.search(t) and not DUMP.search(t):
+            for kind, label, rx in LINES:
+                m = rx.search(t)
+                if m:
+                    gd = m.groupdict()
+                    text = (gd.get("msg") or gd.get("msg2") or m.group(0)).strip()
+                    if label == "cann":
+                        text = f"{gd['code']}: {gd['msg'].strip()}"
+                    found = Evidence(kind, label, text[:2000], r, i)
+                    if label == "watchdog" and not gd.get("msg"):
+                        pending = found          # the caught exception is on the next line
+                    break
+        if found is None and r.level in ERROR_LEVELS and not continuation and not NOT_A_MESSAGE.search(r.text) \
+                and ERRORISH.search(t) and not generic(t) and not DUMP.search(t):
+            found = Evidence("error-line", "logged", t[:2000], r, i)
+        if found is not None:
+            found.generic = generic(found.text) and found.kind != "kill"
+            out.append(found)
+            if found.kind != "exception":
+                cur = found if found.kind in ("error-line", "device") else None
+
+
+def collect(recs: list[Record]) -> list[Evidence]:
+    """Every piece of evidence in these records, in log order."""
+    streams: dict[str | None, list[tuple[int, Record]]] = {}
+    for i, r in enumerate(recs):
+        streams.setdefault(r.proc, []).append((i, r))
+    out: list[Evidence] = []
+    for body in streams.values():
+        mine: list[Evidence] = []
+        _stream(body, mine)
+        exc_lines = {e.rec.n for e in mine if e.kind == "exception"}
+        # a logged error whose own message goes on into an exception (one record): the exception is the evidence
+        mine = [e for e in mine if not (e.label == "logged" and e.rec.n in exc_lines)]
+        pos = {i: j for j, (i, _) in enumerate(body)}
+        for e in mine:
+            j = pos[e.order]
+            e.after = [r for _, r in body[j + 1:j + 7]]
+        out.extend(mine)
+    for e in out:
+        e.near = [r.text for r in recs[max(0, e.order - 6):e.order + 4]]
+    return sorted(out, key=lambda e: e.order)
+
+
+def shutdowns(recs: list[Record]) -> tuple[list[Record], list[Record]]:
+    """(records where a stop was requested, routine shutdown records)."""
+    req, routine = [], []
+    for r in recs:
+        t = r.text.strip()
+        if not t or not SHUT_HINT.search(t) or DUMP.search(t):
+            continue
+        if SHUTDOWN_REQUEST.search(t):
+            req.append(r)
+        elif SHUTDOWN_ROUTINE.search(t):
+            routine.append(r)
+    return req, routine

@@ -1,0 +1,214 @@
+"""The line-format layer: every prefix that engines, containers and log shippers write, turned into records of
+(process, rank, timestamp, level, text).
+
+Two kinds of prefix, stripped in a loop because they nest:
+
+- outer prefixes, added around the engine's own line by whatever carried it: docker compose (``vllm-1  | ``),
+  ``kubectl logs --prefix`` (``[pod/p/c] ``), CI tables, GKE's logging export, docker/CI ISO timestamps, journald
+  (short and short-iso), markdown quotes and pasted line numbers;
+- message headers, written by the process itself: a process prefix (vLLM V1 ``(Worker_TP3 pid=1) ``, V0
+  ``(VllmWorkerProcess pid=1) ``, Ray ``(RayWorkerWrapper pid=1, ip=...) ``), a stage tag (``[Stage-1] ``), vLLM's
+  ``LEVEL mm-dd hh:mm:ss [file.py:N] `` and its bare ``[file.py:N] `` / ``file.py:N] `` forms, SGLang's
+  ``[date TPn] ``, uvicorn's ``ERROR:    ``, KServe's logger, Dynamo's ``LEVEL module::path: ``, torch's
+  ``[rank0]:`` and glog's ``[E... file.cpp:N] `` / ``E1027 hh:mm:ss.us pid file.py:N] ``.
+
+ANSI colours are removed in their three forms: with the ESC byte, without it, and written out as text (``^[[``,
+``#033[``, ``\\x1b[``, ``\\u001B[``). New formats belong here, as one more pattern in one of these lists; the rewrap
+property test in tests/test_triage_formats.py wraps every corpus log in every form and expects the same answer.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MAX_LINE = 20_000     # characters per line looked at
+
+ANSI = re.compile(r"(?:\x1b|\^\[|#033|\\033|\\x1b|\\e|\\u001b)\[[0-9;]{0,16}[A-Za-z]|\x1b[()][A-Z0-9]|"
+                  r"\[(?:\d{1,3}(?:;\d{1,3})*)?m(?=[\s(\[]|$)|\[\d{1,3}(?:;\d{1,3})*m", re.IGNORECASE)
+OUTER = [
+    re.compile(r"^>\s?"),                                                    # markdown quote
+    re.compile(r"^\s*\d{1,6}\s+(?=[(\[])"),                                  # pasted with line numbers
+    re.compile(r"^\[pod/[^\]\s/]+/[^\]\s]+\]\s?"),                           # kubectl logs --prefix
+    re.compile(r"^[A-Za-z0-9][\w.\-/]{0,62}\s*\|\s?"),                      # docker compose: "vllm-1  | "
+    re.compile(r"^\s*\|\s?"),                                                # CI tables: "  | "
+    re.compile(r"^(?:INFO|ERROR|WARNING|DEFAULT|DEBUG|NOTICE)\s+\d{4}-\d\d-\d\dT[\d:.]+Z?\s+(?:\[[^\]]{0,200}\]\s*)?"),
+    re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^:\[]+\[\d+\]: "),   # journald short
+    re.compile(r"^\d{4}-\d\d-\d\dT\S+ \S+ [^:\[]+\[\d+\]: "),                 # journald short-iso
+    re.compile(r"^\s*\[?\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s"),  # ISO (docker -t, CI)
+]
+OUTER_ANY = re.compile("|".join(f"(?:{rx.pattern})" for rx in OUTER))
+PROC = re.compile(r"^\((?P<body>[A-Za-z_][\w .:=,\-/]{0,120}?)\)\s?")
+PROC_ANY = re.compile(r"\((?:[A-Za-z_][\w .=\-]{0,60}?) pid=\d+(?:, ip=[^)]*)?\) ")
+STAGE = re.compile(r"^\[(?P<stage>Stage-\d+)\]\s?")
+LEVELS = "DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
+# message headers: (name, pattern); named groups lvl / ts / rank / tags are read when present
+HEADERS = [
+    ("sglang", re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)"
+                          r"(?P<tags>(?: (?:DP|TP|PP|EP|CP|ATTN_DP)\d+)*)\]\s?")),
+    ("vllm", re.compile(rf"^(?P<lvl>{LEVELS})\s+(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\s+"
+                        r"(?:\[[^\]\[]{1,120}[\]\[]{1,2}|[\w./\-]{1,120}\.py:\d+\])\s?")),
+    ("kserve", re.compile(rf"^(?P<ts>\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d+) \d+ [\w.\-]+ (?P<lvl>{LEVELS}) "
+                          r"\[[^\]]{0,200}\]\s?")),
+    ("uvicorn", re.compile(rf"^(?P<lvl>{LEVELS}):\s+")),
+    ("module", re.compile(rf"^(?P<lvl>TRACE|{LEVELS})\s+[A-Za-z_][\w.]*(?:::[\w.<>]+)*:\s?")),   # Dynamo, Rust tracing
+    ("bare-src", re.compile(r"^\[?[\w./\-]{1,120}\.py:\d+\]\s?")),
+    ("torch-rank", re.compile(r"^\[rank(?P<rank>\d+)\]:\s?")),
+    ("glog", re.compile(r"^\[(?P<glvl>[EWIF])(?P<ts>(?:\d{3,4})?(?: [\d:.]+)?) ?[\w.\-]+\.\w{1,4}:\d+\]\s?")),
+    ("glog-plain", re.compile(r"^(?P<glvl>[EWIF])(?P<ts>\d{4} \d\d:\d\d:\d\d\.\d+)\s+\d+ [\w.\-]+:\d+\]\s?")),
+]
+GLOG_LEVEL = {"E": "ERROR", "W": "WARNING", "I": "INFO", "F": "FATAL"}
+TB_MID = re.compile(r"(?<=\S)\s*(?=Traceback \(most recent call last\):)")
+RANK_IN = re.compile(r"(?:(?<![A-Za-z])TP|rank[= ]?|Rank )(\d+)")
+RANK_TXT = re.compile(r"^\[(?:PG [^\]]*?)?Rank (\d+)\]")
+CR = re.compile(r"(?:\^M|\r)+$")
+ESCAPED_NL = re.compile(r"\\n")
+
+
+@dataclass
+class Record:
+    n: int                 # 1-based line number in the input
+    proc: str | None
+    rank: int | None
+    ts: str | None
+    text: str
+    raw: str
+    hdr: bool = False      # the line carried its own log header (a new message, not a continuation)
+    level: str | None = None
+
+
+def _outer(line: str) -> str:
+    for _ in range(8):
+        m = OUTER_ANY.match(line)
+        if not m or not m.end():
+            break
+        line = line[m.end():]
+    return line
+
+
+def _split_flat(line: str) -> list[str]:
+    """Lines pasted without their newlines: split before every worker prefix after the first."""
+    if line.count("pid=") < 2:
+        return [line]
+    starts = [m.start() for m in PROC_ANY.finditer(line)]
+    if len(starts) < 2:
+        return [line]
+    cuts = [0] + [s for s in starts if s > 0]
+    return [line[a:b].strip() for a, b in zip(cuts, cuts[1:] + [len(line)]) if line[a:b].strip()]
+
+
+class _Header:
+    __slots__ = ("proc", "rank", "ts", "level", "hdr", "sglang")
+
+    def __init__(self):
+        self.proc = self.rank = self.ts = self.level = None
+        self.hdr = self.sglang = False
+
+
+_BY_NAME = dict(HEADERS)
+_CANDIDATES = {
+    "[": [(n, _BY_NAME[n]) for n in ("sglang", "bare-src", "torch-rank", "glog")],
+    "A": [(n, _BY_NAME[n]) for n in ("vllm", "uvicorn", "module", "glog-plain", "bare-src")],
+    "0": [(n, _BY_NAME[n]) for n in ("kserve", "bare-src")],
+    "a": [("bare-src", _BY_NAME["bare-src"])],
+}
+PROC_NAME = re.compile(r",? ?(?:pid|ip)=[^,)]*")
+SGL_TP = re.compile(r"TP(\d+)")
+
+
+def _candidates(c: str):
+    if c == "[":
+        return _CANDIDATES["["]
+    if "A" <= c <= "Z":
+        return _CANDIDATES["A"]
+    if c.isdigit():
+        return _CANDIDATES["0"]
+    return _CANDIDATES["a"] if c.isalpha() or c in "_./-" else ()
+
+
+def _headers(text: str, h: _Header) -> str:
+    """Strip the message headers at the start of ``text`` (in any order, nested), filling ``h``."""
+    for _ in range(12):
+        c = text[:1]
+        if c == "(" or (c == " " and text.lstrip()[:1] == "("):
+            stripped = text.lstrip()
+            m = PROC.match(stripped)
+            if m and ("pid=" in m.group("body") or m.group("body") in ("raylet", "pid")):
+                body = m.group("body")
+                h.proc = (PROC_NAME.sub("", body).strip() or body) if h.proc is None else h.proc
+                r = RANK_IN.search(body)
+                h.rank = int(r.group(1)) if r and h.rank is None else h.rank
+                text = _outer(stripped[m.end():])
+                if text[:1] == " " and text.lstrip()[:1] == "[":   # a header after the prefix's colour codes
+                    text = text.lstrip()
+                continue
+        if c == "[":
+            m = STAGE.match(text)
+            if m:                                  # a stage tag names the process only when nothing else does
+                h.proc = h.proc or m.group("stage")
+                text = text[m.end():]
+                continue
+        for name, rx in _candidates(c):
+            m = rx.match(text)
+            if not m:
+                continue
+            gd = m.groupdict()
+            if name == "sglang":
+                tags = gd["tags"].strip()
+                h.proc = h.proc or (tags or "main")
+                r = SGL_TP.search(tags)
+                h.rank = int(r.group(1)) if r else h.rank
+                h.sglang = True
+            if gd.get("rank") is not None:
+                h.rank = int(gd["rank"])
+                h.proc = h.proc or f"rank{h.rank}"
+            if gd.get("ts"):
+                h.ts = h.ts or gd["ts"].strip() or None
+            lvl = gd.get("lvl") or GLOG_LEVEL.get(gd.get("glvl") or "")
+            if lvl:
+                h.level = "WARNING" if lvl == "WARN" else lvl
+            h.hdr = True
+            text = text[m.end():]
+            break
+        else:
+            m = OUTER_ANY.match(text) if c else None
+            if m and m.end():                      # a container prefix inside a header (a wrapper's own logger)
+                text = text[m.end():]
+                continue
+            return text
+    return text
+
+
+def normalise(lines) -> list[Record]:
+    """Every line as a record; SGLang continuation lines inherit their record's process. ``lines`` holds strings,
+    bytes, or (line number, string) pairs (a window of a longer file keeps its line numbers)."""
+    out: list[Record] = []
+    carry: tuple[str | None, int | None, str | None] = (None, None, None)
+    for n, raw in enumerate(lines, 1):
+        if isinstance(raw, tuple):
+            n, raw = raw
+        if not isinstance(raw, str):
+            raw = bytes(raw).decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
+        raw = raw.rstrip("\r\n")[:MAX_LINE].replace("\x00", "")
+        clean = ANSI.sub("", raw) if "[" in raw else raw
+        if clean.endswith(("^M", "\r")):
+            clean = CR.sub("", clean)
+        for piece in _split_flat(_outer(clean)):
+            h = _Header()
+            text = _headers(_outer(piece), h)
+            rt = RANK_TXT.match(text)
+            if rt and h.rank is None:
+                h.rank = int(rt.group(1))
+            if h.sglang:
+                carry = (h.proc, h.rank, h.ts)
+            elif h.proc is None and not h.hdr and carry[0] is not None:
+                h.proc, h.rank, h.ts = carry           # a continuation line of the last SGLang record
+            elif h.proc is not None or h.hdr:
+                carry = (None, None, None)
+            texts = [text]
+            if text.startswith('"') and "\\n" in text:   # a message logged quoted, its newlines written out
+                texts = [t for t in ESCAPED_NL.split(text.strip('"')) if t.strip()]
+            for t in texts:
+                parts = TB_MID.split(t, maxsplit=1) if "Traceback (most recent call last)" in t else [t]
+                for part in parts:
+                    out.append(Record(n, h.proc, h.rank, h.ts, part, raw, h.hdr, h.level))
+    return out
