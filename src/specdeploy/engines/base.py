@@ -103,7 +103,7 @@ class EngineAdapter:
     image_cuda: dict[str, str] = {}
     # --- upstream sources ----------------------------------------------------------------
     source_release: str = "wheel"  # "sdist" or "wheel": the package index artifact the contract tests read
-    # --- drafter conventions (see drafter.py) --------------------------------------------
+    # --- drafter conventions (see drafter/) --------------------------------------------
     DRAFTER: dict = {}
     drafter_fallback: str = ""  # the engine fixes suggest for drafters this engine cannot serve
 

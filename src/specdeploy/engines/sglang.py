@@ -78,7 +78,7 @@ LOAD_FORMATS = {
 
 # How SGLang loads an EAGLE-3 drafter (models/llama_eagle3.py, models/kimi_k25_eagle3.py,
 # model_runner aux-layer lookup), read from the 0.5.6, 0.5.10-0.5.14, 0.5.18, 0.5.20 and 0.5.23 wheels.
-# The doctor (drafter.py) consults this table.
+# The doctor (drafter/) consults this table.
 DRAFTER = {
     # The speculators format is not read (transformer_layer_config is ignored): convert flattens it.
     "reads_speculators": False,

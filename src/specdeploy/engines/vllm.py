@@ -108,7 +108,7 @@ LOAD_FORMATS = {
 
 # How vLLM loads an EAGLE-3 drafter (transformers_utils/configs/eagle.py, speculators/{base,algos}.py,
 # models/{llama,deepseek}_eagle3.py, v1 gpu_model_runner aux-layer lookup), read from the 0.16.0, 0.18.0,
-# 0.22.0, 0.27.0 and 0.33.0 sources. The doctor (drafter.py) consults this table.
+# 0.22.0, 0.27.0 and 0.33.0 sources. The doctor (drafter/) consults this table.
 DRAFTER = {
     # The speculators format (transformer_layer_config + speculators_config) loads as it is.
     "reads_speculators": True,
