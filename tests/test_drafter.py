@@ -315,3 +315,30 @@ def test_2gb_sparse_check_is_fast(tmp_path, target):
     t = time.perf_counter()
     check(d, target, "sglang")
     assert time.perf_counter() - t < 1.0  # loose bound; bench/bench_drafter_check.py measures (< 100 ms)
+
+
+def _corpus_entry(name: str) -> dict:
+    return json.loads((Path(__file__).parent / "data/drafters/corpus" / f"{name}.json").read_text())
+
+
+def test_eos_without_tokenizer_files_is_a_warning_and_does_not_block_convert(tmp_path, repo):
+    # gpt-oss: config.json's eos is <|return|> 200002, the template ends a message with <|end|> 200007
+    entry = _corpus_entry("specforge-gpt-oss-120b-eagle3")
+    entry["d2t"] = {"force": [200007], "exclude": [199999, 200002, 200012]}
+    d = build_corpus_drafter(entry, repo, tmp_path / "d")
+    full = repo / "tests/data/drafters/targets/gpt-oss-120b"
+    assert check(d, full, "sglang", "0.5.23").ok  # the tokenizer says <|end|> ends a turn: it is drafted
+    bare = tmp_path / "gpt-oss-config-only"
+    bare.mkdir()
+    (bare / "config.json").write_text((full / "config.json").read_text())
+    rep = check(d, bare, "sglang", "0.5.23")
+    w = [f for f in rep.findings if f.subject == "d2t" and f.severity == "warning"]
+    assert rep.ok and w and "200002" in w[0].message and "tokenizer_config.json" in w[0].fix
+    # the same drafter with generation_config.json only: its stop ids settle it, and none is drafted
+    (bare / "generation_config.json").write_text((full / "generation_config.json").read_text())
+    e = errors(check(d, bare, "sglang", "0.5.23"))
+    assert "generation_config.json" in e["d2t"].message
+    # vLLM 0.18 needs its aux ids converted; the end-of-turn warning does not block that
+    (bare / "generation_config.json").unlink()
+    meta = convert(d, bare, "vllm", tmp_path / "out", "0.18.0")
+    assert meta["check"]["ok"]

@@ -294,21 +294,40 @@ def _check_vocab(d: Drafter, t: TargetModel, rep: Report):
 def _check_eos(ids: set[int], t: TargetModel, rep: Report):
     eos = t.eos_ids()
     eot, names = end_of_turn_ids(t)
-    stops = eot or eos  # without tokenizer files every stop id of the target counts as an end of turn
+    gen = _eos_list(t.generation.get("eos_token_id"))
+    # What settles the turn end: the chat template's end-of-turn tokens (tokenizer files), else the stop ids of
+    # generation_config.json. config.json's eos_token_id alone is often the document end, not the turn end
+    # (gpt-oss: <|return|>, while the template ends an assistant message with <|end|>).
+    stops, settled = (eot, True) if eot else (gen, True) if gen else (eos, False)
     if not stops:
         return
+
     def label(xs) -> str:
         return ", ".join(f"{x} {names[x]!r}" if x in names else str(x) for x in sorted(xs))
+    if not stops & ids and not settled:
+        rep.add("warning", "d2t", f"config.json's eos_token_id ({label(stops)}) is not in the draft vocabulary, "
+                "and the target directory holds no tokenizer_config.json, chat_template.jinja or "
+                "generation_config.json to say which token ends a chat turn: not checked",
+                "put the target's tokenizer_config.json (or chat_template.jinja) or generation_config.json beside "
+                "its config.json and check again")
+        return
     if not stops & ids:
-        rep.add("error", "d2t", f"no end-of-turn token of the target ({label(stops)}) is in the draft "
+        where = "the chat template's end-of-turn token" if eot else "generation_config.json's eos_token_id"
+        rep.add("error", "d2t", f"no end-of-turn token of the target ({where}: {label(stops)}) is in the draft "
                 "vocabulary: drafts never propose the end of a turn", "rebuild d2t with the chat template's "
                 "end-of-turn and special tokens forced in")
         return
-    doc = sorted(eos - ids - (eot & ids))
+    doc = sorted(eos - ids - (stops & ids))
     if doc:
         rep.add("info", "d2t", f"document EOS id(s) {label(doc)} are not in the draft vocabulary (the "
                 f"end-of-turn token {label(stops & ids)} is): chat turns end normally; raw completions that stop "
                 "only at the document EOS are verified by the target")
+
+
+def _eos_list(v) -> set[int]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return {v}
+    return {x for x in v if isinstance(x, int) and not isinstance(x, bool)} if isinstance(v, list) else set()
 
 
 def _legacy_layer_names(d: Drafter, a: EngineAdapter) -> bool:
