@@ -342,3 +342,174 @@ def test_eos_without_tokenizer_files_is_a_warning_and_does_not_block_convert(tmp
     (bare / "generation_config.json").unlink()
     meta = convert(d, bare, "vllm", tmp_path / "out", "0.18.0")
     assert meta["check"]["ok"]
+
+
+# --- variants of a real drafter: one property changed at a time, the verdict as each release's loader says ------
+LLAMA_TARGET = "tests/data/drafters/targets/llama-3.1-8b-instruct"
+
+
+def _variant(tmp_path, repo, name, edit, base="lmsys-sglang-eagle3-llama3.1-instruct-8b"):
+    entry = json.loads(json.dumps(_corpus_entry(base)))
+    edit(entry["config"], entry["tensors"])
+    return build_corpus_drafter(entry, repo, tmp_path / name)
+
+
+def _verdicts(d, target, cases):
+    out = {}
+    for engine, version in cases:
+        rep = check(d, target, engine, version)
+        out[(engine, version)] = (rep.ok, sorted(errors(rep)))
+    return out
+
+
+def test_variant_no_aux_states_and_no_fc_loads(tmp_path, repo):
+    # eagle_config.use_aux_hidden_state false: vLLM builds no fc (fc.* skipped), SGLang builds one it never runs;
+    # neither captures aux states
+    def edit(cfg, ts):
+        cfg["eagle_config"] = {"use_aux_hidden_state": False}
+        cfg.pop("eagle_aux_hidden_state_layer_ids", None)
+        ts.pop("fc.weight")
+    d = _variant(tmp_path, repo, "noaux", edit)
+    target = repo / LLAMA_TARGET
+    for engine, version in (("vllm", "0.16.0"), ("vllm", "0.17.0"), ("vllm", "0.18.0"), ("sglang", "0.5.23")):
+        rep = check(d, target, engine, version)
+        assert rep.ok, (engine, version, [f.line() for f in rep.findings])
+        assert any(f.subject == "eagle_config.use_aux_hidden_state" for f in rep.findings)
+    # the same head with aux states on: fc is needed
+    def edit2(cfg, ts):
+        ts.pop("fc.weight")
+    e = errors(check(_variant(tmp_path, repo, "nofc", edit2), target, "vllm", "0.17.0"))
+    assert "fc.weight" in e and "uninitialised" in e["fc.weight"].message
+
+
+def _norm_before_fc(where):
+    def edit(cfg, ts):
+        if where == "top":
+            cfg["norm_before_fc"] = True
+        else:
+            cfg.setdefault("eagle_config", {})["norm_before_fc"] = True
+        ts["input_norm.weight"] = ["BF16", [3 * 4096]]
+    return edit
+
+
+def test_variant_norm_before_fc(tmp_path, repo):
+    target = repo / LLAMA_TARGET
+    d = _variant(tmp_path, repo, "nbf", _norm_before_fc("top"))
+    v = _verdicts(d, target, [("vllm", "0.16.0"), ("vllm", "0.17.0"), ("vllm", "0.18.0"), ("sglang", "0.5.16"),
+                              ("sglang", "0.5.23")])
+    # 0.16/0.17 build no input_norm: KeyError 'input_norm.weight' (and the switch is ignored)
+    assert v[("vllm", "0.16.0")] == (False, ["norm_before_fc", "tensor names"])
+    assert v[("vllm", "0.17.0")] == (False, ["norm_before_fc", "tensor names"])
+    assert v[("vllm", "0.18.0")] == (True, [])
+    # SGLang before 0.5.17 drops input_norm.weight without a word
+    assert v[("sglang", "0.5.16")][0] is False and "tensor names" in v[("sglang", "0.5.16")][1]
+    assert v[("sglang", "0.5.23")] == (True, [])
+    rep = check(d, target, "vllm", "0.17.0")
+    assert "input_norm.weight" in errors(rep)["tensor names"].message and "0.18.0" in errors(rep)["tensor names"].fix
+    # written only under eagle_config: vLLM 0.18 reads the top level only and skips input_norm.*; 0.22 reads it
+    d = _variant(tmp_path, repo, "nbf-nested", _norm_before_fc("eagle_config"))
+    v = _verdicts(d, target, [("vllm", "0.18.0"), ("vllm", "0.22.0"), ("sglang", "0.5.23")])
+    assert v[("vllm", "0.18.0")] == (False, ["norm_before_fc"])
+    assert v[("vllm", "0.22.0")][0] is True and v[("sglang", "0.5.23")] == (True, [])
+    # switch on, weight missing: the norm stays uninitialised where it is built
+    def edit(cfg, ts):
+        cfg["norm_before_fc"] = True
+    e = errors(check(_variant(tmp_path, repo, "nbf-noweight", edit), target, "sglang", "0.5.23"))
+    assert "input_norm.weight" in e["missing tensors"].message and "uninitialised" in e["missing tensors"].message
+
+
+def test_variant_fc_norm_and_legacy_names(tmp_path, repo):
+    target = repo / LLAMA_TARGET
+
+    def edit(cfg, ts, names=("fc_norm.0", "fc_norm.1", "fc_norm.2")):
+        cfg["fc_norm"] = True
+        for n in names:
+            ts[n + ".weight"] = ["BF16", [4096]]
+    d = _variant(tmp_path, repo, "fcn", edit)
+    v = _verdicts(d, target, [("vllm", "0.18.0"), ("vllm", "0.22.0"), ("sglang", "0.5.11"), ("sglang", "0.5.12")])
+    assert v[("vllm", "0.18.0")] == (False, ["fc_norm", "tensor names"])
+    assert v[("vllm", "0.22.0")] == (True, [])
+    assert v[("sglang", "0.5.11")][0] is False and "fc_norm" in v[("sglang", "0.5.11")][1]
+    assert v[("sglang", "0.5.12")] == (True, [])
+    # SGLang's older names aux_norm_low/mid/high: renamed by SGLang, unknown to vLLM
+    d = _variant(tmp_path, repo, "auxnorm", lambda c, t: edit(c, t, ("aux_norm_low", "aux_norm_mid", "aux_norm_high")))
+    assert check(d, target, "sglang", "0.5.12").ok
+    e = errors(check(d, target, "vllm", "0.22.0"))
+    assert "aux_norm_low.weight" in e["tensor names"].message
+
+
+def test_variant_unknown_missing_and_misshaped_names(tmp_path, repo):
+    target = repo / LLAMA_TARGET
+
+    def qk_norm(cfg, ts):
+        ts["midlayer.self_attn.q_norm.weight"] = ["BF16", [128]]
+        ts["midlayer.self_attn.k_norm.weight"] = ["BF16", [128]]
+    d = _variant(tmp_path, repo, "qk", qk_norm)
+    e = errors(check(d, target, "vllm", "0.18.0"))
+    assert "raises" in e["tensor names"].message and "q_norm" in e["tensor names"].message
+    e = errors(check(d, target, "sglang", "0.5.23"))
+    assert "dropped without a word" in e["tensor names"].message
+    d = _variant(tmp_path, repo, "nonorm", lambda c, t: t.pop("norm.weight"))
+    for engine, version in (("vllm", "0.17.0"), ("sglang", "0.5.23")):
+        e = errors(check(d, target, engine, version))
+        assert "norm.weight" in e["missing tensors"].message and "uninitialised" in e["missing tensors"].message
+    d = _variant(tmp_path, repo, "badnorm", lambda c, t: t.__setitem__("midlayer.hidden_norm.weight", ["BF16", [2048]]))
+    assert "tensor shapes" in errors(check(d, target, "vllm", "0.17.0"))
+    # a rotary buffer is no trained weight: neither engine minds
+    d = _variant(tmp_path, repo, "rope", lambda c, t: t.__setitem__("midlayer.self_attn.rotary_emb.inv_freq",
+                                                                  ["F32", [64]]))
+    assert check(d, target, "sglang", "0.5.23").ok
+
+
+def test_variant_tied_embeddings_drop_the_trained_head_on_sglang(tmp_path, repo):
+    target = repo / LLAMA_TARGET
+    d = _variant(tmp_path, repo, "tied", lambda c, t: c.__setitem__("tie_word_embeddings", True))
+    assert check(d, target, "vllm", "0.18.0").ok  # vLLM always builds its own lm_head
+    e = errors(check(d, target, "sglang", "0.5.23"))
+    assert is_convertible(e["tie_word_embeddings"])
+    out = tmp_path / "out"
+    convert(d, target, "sglang", out, "0.5.23")
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
+
+
+def test_convert_refuses_to_flatten_away_qwen3_norms_and_keeps_switches(tmp_path, repo):
+    target = repo / LLAMA_TARGET
+
+    def qwen3_layers(cfg, ts):
+        cfg["norm_before_residual"] = False
+        cfg["transformer_layer_config"]["model_type"] = "qwen3"
+        ts["layers.0.self_attn.q_norm.weight"] = ["BF16", [128]]
+        ts["layers.0.self_attn.k_norm.weight"] = ["BF16", [128]]
+    d = _variant(tmp_path, repo, "spec-qwen3", qwen3_layers, base="redhatai-llama-3.1-8b-instruct-speculator.eagle3")
+    with pytest.raises(SpecdeployError) as ei:
+        convert(d, target, "sglang", tmp_path / "out", "0.5.23")
+    assert "lose trained weights" in str(ei.value) and "q_norm" in str(ei.value)
+    assert not (tmp_path / "out").exists()
+
+    def nbf(cfg, ts):
+        cfg["norm_before_residual"] = False
+        cfg["norm_before_fc"] = True
+        ts["input_norm.weight"] = ["BF16", [3 * 4096]]
+    d = _variant(tmp_path, repo, "spec-nbf", nbf, base="redhatai-llama-3.1-8b-instruct-speculator.eagle3")
+    meta = convert(d, target, "sglang", tmp_path / "ok", "0.5.23")
+    assert meta["check"]["ok"] and json.loads((tmp_path / "ok/config.json").read_text())["norm_before_fc"] is True
+    with pytest.raises(SpecdeployError) as ei:  # 0.5.16 builds no input_norm: the trained norm would be dropped
+        convert(d, target, "sglang", tmp_path / "old", "0.5.16")
+    assert "input_norm" in str(ei.value) or "norm_before_fc" in str(ei.value)
+    # vLLM reads the speculators norm_before_fc from 0.19.0; 0.16.0 raises on input_norm.weight
+    assert check(d, target, "vllm", "0.19.0").ok
+    assert "tensor names" in errors(check(d, target, "vllm", "0.16.0"))
+    assert errors(check(d, target, "vllm", "0.18.0")).keys() == {"norm_before_fc"}
+
+
+def test_convert_keeps_a_head_without_aux_states(tmp_path, repo):
+    target = repo / LLAMA_TARGET
+
+    def edit(cfg, ts):
+        cfg["architectures"] = ["LlamaForCausalLM"]  # needs renaming for SGLang
+        cfg["eagle_config"] = {"use_aux_hidden_state": False}
+        ts.pop("fc.weight")
+    d = _variant(tmp_path, repo, "noaux", edit)
+    convert(d, target, "sglang", tmp_path / "out", "0.5.23")
+    cfg = json.loads((tmp_path / "out/config.json").read_text())
+    assert cfg["eagle_config"]["use_aux_hidden_state"] is False and "eagle_aux_hidden_state_layer_ids" not in cfg

@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 
 from ..engines import get_adapter
-from ..errors import Finding, SpecdeployError
+from ..errors import Finding, Report, SpecdeployError
 from ..modelcfg import TargetModel
 from ..safetensors_io import INDEX_FILE, rewrite_names
+from .head import SWITCHES, check_head
+from .head import trained as head_trained
 from .model import META_FILE, Drafter, default_aux, is_convertible, resolve_version, trained_taps
 from .rules import _legacy_layer_names, check
 
@@ -44,7 +46,11 @@ def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version
         flat = dict(d.layer)
         flat.update({"architectures": [facts["convert_archs"]["llama"]], "draft_vocab_size": d.draft_vocab,
                      "target_hidden_size": d.target_hidden})
+        kept = {k: d.config[k] for k in SWITCHES if d.config.get(k) is not None and k not in flat}
+        flat.update(kept)  # the head's switches live at the speculators top level: the flat head reads them there
         cfg = flat
+        if kept:
+            actions.append(f"kept {', '.join(f'{k}: {v}' for k, v in kept.items())} in the flat config")
         actions.append(f"flattened the speculators config into {facts['convert_archs']['llama']} for {a.label}")
     elif d.fmt == "speculators":
         sc = cfg.setdefault("speculators_config", {})
@@ -61,18 +67,25 @@ def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version
     if d.tensors and have and len(have) != d.num_layers:
         layer_cfg["num_hidden_layers"] = len(have)
         actions.append(f"num_hidden_layers {d.num_layers} -> {len(have)} (the layers the checkpoint holds)")
+    if "lm_head.weight" in d.tensors and layer_cfg.get("tie_word_embeddings") is True:
+        layer_cfg["tie_word_embeddings"] = False
+        actions.append("tie_word_embeddings true -> false: the drafter has its own trained lm_head.weight")
     if any(f.subject == "lm_head.weight" and is_convertible(f) for f in pre.errors):
         cfg.pop("draft_vocab_size", None)
         actions.append(f"dropped draft_vocab_size (= vocab_size) so {a.label} loads the target's lm_head")
     nested = a.drafter_nested_ids(taps, t.is_kimi_or_deepseek)
-    if as_speculators:
+    if head_trained(d, "use_aux_hidden_state") is False:
+        actions.append("eagle_config.use_aux_hidden_state false kept: the head takes no aux states, no aux ids "
+                       "written")
+    elif as_speculators:
         cfg["eagle_aux_hidden_state_layer_ids"] = taps
     else:
         cfg["eagle_aux_hidden_state_layer_ids"] = taps
         ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
         cfg["eagle_config"] = dict(ec, eagle_aux_hidden_state_layer_ids=nested, use_aux_hidden_state=True)
-    actions.append(f"aux layers from {source if trained else 'the target default'}: vLLM ids {taps} (top level)"
-                   + ("" if as_speculators else f", SGLang ids {nested} (eagle_config)"))
+    if head_trained(d, "use_aux_hidden_state") is not False:
+        actions.append(f"aux layers from {source if trained else 'the target default'}: vLLM ids {taps} (top "
+                       "level)" + ("" if as_speculators else f", SGLang ids {nested} (eagle_config)"))
     if "norm_before_residual" not in d.config or d.fmt == "speculators":
         cfg["norm_before_residual"] = nbr
         actions.append(f"norm_before_residual written explicitly as {nbr}")
@@ -82,6 +95,7 @@ def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version
         return ("midlayer." + s[len("layers.0."):] if s.startswith("layers.0.") else
                 "model.midlayer." + s[len("model.layers.0."):] if s.startswith("model.layers.0.") else s)
 
+    _refuse_losses(d, cfg, layer_cfg, renamed if rename else None, a, t)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -116,3 +130,21 @@ def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version
                                for f in post.errors])
     meta["check"] = post.to_dict()
     return meta
+
+
+LOSSES = ("tensor names", "missing tensors", "tensor shapes", "tie_word_embeddings") + SWITCHES
+
+
+def _refuse_losses(d: Drafter, cfg: dict, layer_cfg: dict, rename, a, t: TargetModel):
+    """Refuse a conversion whose result would lose trained weights or norms on this release (a head that
+    drops or cannot place checkpoint tensors, or runs without a switch the drafter was trained with)."""
+    fmt = "speculators" if "speculators_model_type" in cfg else d.fmt if d.fmt != "speculators" else "llama"
+    tensors = {(rename(n) if rename else n): ti for n, ti in d.tensors.items()}
+    after = Drafter(d.path, cfg, fmt, layer_cfg if fmt == "speculators" else cfg, tensors, d.bin_files)
+    rep = Report()
+    check_head(after, t, a, rep)
+    lost = [f for f in rep.errors if f.subject in LOSSES]
+    if lost:
+        raise SpecdeployError([Finding("error", f.subject, f"cannot convert: the converted drafter would lose "
+                                       f"trained weights on {a.label} {a.version}: {f.message}", f.fix)
+                               for f in lost])

@@ -8,6 +8,7 @@ from ..engines import EngineAdapter, get, get_adapter, names
 from ..errors import Report
 from ..modelcfg import TargetModel
 from ..safetensors_io import BIN_CONVERT, read_array
+from .head import check_head, fc_shape
 from .model import (
     CONVERT,
     Drafter,
@@ -37,6 +38,7 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
     if not _check_format(d, a, rep):
         return rep
     _check_sizes(d, target, rep)
+    head = check_head(d, target, a, rep)  # the switches always; the tensor names when there are tensors
     if d.tensors:
         _check_layers(d, a, rep)
         _check_shapes(d, rep)
@@ -51,7 +53,11 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
         rep.add("warning", "safetensors", f"no *.safetensors in {drafter_dir}: a config-only copy, so tensor "
                 "shapes, d2t/t2d and weight names were not checked", "the drafter role checks the full "
                 "checkpoint on the host; or point the check at the full drafter")
-    _check_aux(d, target, engine, version, rep)
+    if head is not None and head.aux_on is False:
+        rep.add("info", "eagle_config.use_aux_hidden_state", f"false: {a.label} captures no aux hidden states for "
+                "this head (it drafts from the target's last hidden state), so no aux layer ids apply")
+    else:
+        _check_aux(d, target, engine, version, rep)
     _check_norm(d, a, rep)
     return rep
 
@@ -179,19 +185,10 @@ def _shape(d: Drafter, *names):
 
 
 def _check_shapes(d: Drafter, rep: Report):
-    h, th = d.hidden, d.target_hidden
-    name, shape = _shape(d, "fc.weight")
-    if shape is None:
-        rep.add("error", "fc.weight", "missing", "the drafter checkpoint must contain fc.weight")
-    elif len(shape) == 2 and shape[1] == 4 * th:
-        rep.add("error", "fc.weight", f"shape {list(shape)} fuses 4 hidden states; EAGLE-3 engines build fc "
-                f"for 3 (expected [{h}, {3 * th}])",
-                "retrain/export without the final-layer state in fc (3 aux layers)")
-    elif tuple(shape) != (h, 3 * th):
-        rep.add("error", "fc.weight", f"shape {list(shape)}, expected [{h}, {3 * th}]",
-                "export the drafter for this target's hidden size")
+    h = d.hidden
     if d.fmt == "mla":
-        return  # MLA projections (q_a/kv_a/...) are checked by the engine's own loader
+        fc_shape(d, 3, rep)  # the MLA head fuses three; its q_a/kv_a/... are checked by the engine's own loader
+        return
     heads, hd = d.heads, d.head_dim
     kv = d._int("num_key_value_heads", d.layer) or heads
     inter = d._int("intermediate_size", d.layer)

@@ -102,6 +102,33 @@ DRAFTER = {
     "lm_head_from_target_without_draft_vocab_size": Span("0.5.2"),
     # The Llama EAGLE-3 decoder layer implements only norm_before_residual = False.
     "norm_before_residual": False,
+    # --- the Llama EAGLE-3 head the loader builds (models/llama_eagle3.py), read in the 0.5.11, 0.5.12,
+    # 0.5.13, 0.5.16, 0.5.17, 0.5.18, 0.5.19, 0.5.20, 0.5.22 and 0.5.23 wheels; older releases were not read ---
+    # Config switches: switch -> {where it is read: (releases that read it there, releases that do not)}
+    # ("top": the config's top level; "eagle_config": the nested dict, read first).
+    "switches": {
+        # eagle_config.use_aux_hidden_state False: the target captures no aux states (model_runner) and the
+        # head skips fc (its input is then hidden_size wide); fc is built all the same.
+        "use_aux_hidden_state": {"eagle_config": (Span("0.5.11"), None)},
+        "norm_before_fc": {"top": (Span("0.5.17"), Span("0.5.11", "0.5.17")),
+                           "eagle_config": (Span("0.5.17"), Span("0.5.11", "0.5.17"))},
+        "fc_norm": {"top": (Span("0.5.12"), Span("0.5.11", "0.5.12"))},
+        "use_aux_norm": {"top": (Span("0.5.12"), Span("0.5.11", "0.5.12"))},  # the older name of fc_norm
+        "norm_output": {"top": (Span("0.5.12"), Span("0.5.11", "0.5.12"))},
+    },
+    "aux_count_from_ids": Span("0.5.12"),
+    # aux_norm_low/mid/high.* are renamed to fc_norm.0/1/2.*
+    "legacy_aux_norm_names": Span("0.5.12"),
+    # the config key "bias" gives fc a bias
+    "fc_bias_key": Span("0.5.11"),
+    # A checkpoint tensor the head has no parameter for is dropped without a word (load_weights matches
+    # names against named_parameters and skips the rest).
+    "unknown_tensor_dropped": Span("0.5.11"),
+    "missing_tensor_uninitialised": Span("0.5.11"),
+    "fc_always_built": True,
+    # tie_word_embeddings true: lm_head IS embed_tokens (then replaced by the target's embedding), so a
+    # trained lm_head.weight in the checkpoint is dropped.
+    "tied_lm_head_is_embedding": Span("0.5.11"),
 }
 
 ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "mtp": "NEXTN", "ngram": "NGRAM"}

@@ -141,6 +141,43 @@ DRAFTER = {
     # A checkpoint without lm_head gets the target's lm_head (EagleProposer._maybe_share_lm_head).
     "shares_missing_lm_head": Span(),
     # The loader renames midlayer.* to layers.0.*; both layouts load (see llama_multi_layer in sglang.py).
+    # --- the Llama EAGLE-3 head the loader builds (models/llama_eagle3.py), read in 0.16.0, 0.17.0, 0.17.1,
+    # 0.18.0, 0.18.1, 0.19.0, 0.20.0, 0.21.0, 0.22.0 and 0.33.0 ---
+    # Config switches: switch -> {where it is read: (releases that read it there, releases that do not)}.
+    # "top" is the flat config's top level, "eagle_config" its nested dict, "speculators" a speculators
+    # config's top level as the speculators loader passes it on (transformers_utils/configs/speculators/algos.py).
+    # A release in neither span was not read.
+    "switches": {
+        # eagle_config.use_aux_hidden_state False: no fc is built (fc.* skipped) and the target captures no aux
+        # states (EagleProposer reads the same key).
+        "use_aux_hidden_state": {"eagle_config": (Span(), None)},
+        # norm_before_fc: an RMSNorm input_norm over the fused aux states, before fc; input_norm.* is skipped
+        # when it is off (0.18.0 on). 0.16.0 to 0.17.1 build no input_norm.
+        "norm_before_fc": {"top": (Span("0.18.0"), Span(None, "0.18.0")),
+                           "eagle_config": (Span("0.22.0"), Span(None, "0.22.0")),
+                           "speculators": (Span("0.19.0"), Span(None, "0.19.0"))},
+        # fc_norm: one RMSNorm per aux state (fc_norm.K), before fc.
+        "fc_norm": {"top": (Span("0.22.0"), Span(None, "0.22.0")),
+                    "speculators": (Span("0.33.0"), Span(None, "0.23.0"))},
+        # norm_output: the hidden state carried to the next draft step is the normed one.
+        "norm_output": {"top": (Span("0.22.0"), Span(None, "0.22.0")),
+                        "speculators": (Span("0.33.0"), Span(None, "0.23.0"))},
+    },
+    # fc fuses len(eagle_config.eagle_aux_hidden_state_layer_ids) states (else 3); before, always 3.
+    "aux_count_from_ids": Span("0.22.0"),
+    # attention_bias: q/k/v/o projections carry biases.
+    "attention_bias": Span(),
+    # A checkpoint tensor the head has no parameter for: the loader raises (KeyError from LlamaModel's
+    # params_dict until 0.22.0, ValueError "There is no module or parameter named" from AutoWeightsLoader
+    # later); the load fails.
+    "unknown_tensor_raises": Span(),
+    # No parameter is checked for being loaded: one the checkpoint lacks stays uninitialised.
+    "missing_tensor_uninitialised": Span(),
+    # fc is built only when use_aux_hidden_state is on, and fc.* is then skipped; input_norm.* is skipped when
+    # norm_before_fc is off from 0.18.0 (before, no input_norm exists and the name is unknown).
+    "fc_always_built": False,
+    "skips_unbuilt_input_norm": Span("0.18.0"),
+    # tie_word_embeddings is not read by the EAGLE-3 head (it always builds its own lm_head).
 }
 
 SPEC_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
