@@ -513,3 +513,31 @@ def test_convert_keeps_a_head_without_aux_states(tmp_path, repo):
     convert(d, target, "sglang", tmp_path / "out", "0.5.23")
     cfg = json.loads((tmp_path / "out/config.json").read_text())
     assert cfg["eagle_config"]["use_aux_hidden_state"] is False and "eagle_aux_hidden_state_layer_ids" not in cfg
+
+
+def test_target_class_must_implement_eagle3(tmp_path, repo):
+    """The target's architecture decides: Qwen3-Next is no vLLM 0.16/0.17 EAGLE-3 target (no SupportsEagle3) but is one
+    for SGLang; Step-3.5 is none for either; a release between two read ones is known only where they agree."""
+    entry = _corpus_entry("specforge-qwen3-8b-eagle3")
+    d = build_corpus_drafter(entry, repo, tmp_path / "d")
+    src = json.loads((repo / "tests/data/drafters/targets/qwen3-8b/config.json").read_text())
+
+    def target(name, arch, model_type):
+        p = tmp_path / name
+        p.mkdir()
+        (p / "config.json").write_text(json.dumps(dict(src, architectures=[arch], model_type=model_type)))
+        return p
+    nxt = target("next", "Qwen3NextForCausalLM", "qwen3_next")
+    step = target("step", "Step3p5ForCausalLM", "step3p5")
+    for version in ("0.16.0", "0.17.0"):
+        e = errors(check(d, nxt, "vllm", version))
+        assert "SupportsEagle3" in e["target"].message and "0.27.0" in e["target"].fix
+    assert "target" not in errors(check(d, nxt, "sglang", "0.5.23"))
+    for engine, version in (("vllm", "0.17.0"), ("sglang", "0.5.23")):
+        assert "target" in errors(check(d, step, engine, version))
+    rep = check(d, nxt, "vllm", "0.25.0")  # between 0.22.1 (not) and 0.27.0 (yes): not known
+    assert "target" not in errors(rep) and any(f.subject == "target" and f.severity == "warning"
+                                                for f in rep.findings)
+    # the whitelist of 0.16-0.21: model_type must contain one of its entries
+    glm = target("glm", "Glm4MoeForCausalLM", "glm4_moe")
+    assert "target" in errors(check(d, glm, "vllm", "0.17.0"))

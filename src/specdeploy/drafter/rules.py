@@ -37,6 +37,7 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
     rep.add("info", "engine", f"rules of {engine} {version}")
     if not _check_format(d, a, rep):
         return rep
+    _check_target(target, a, rep)
     _check_sizes(d, target, rep)
     head = check_head(d, target, a, rep)  # the switches always; the tensor names when there are tensors
     if d.tensors:
@@ -60,6 +61,31 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
         _check_aux(d, target, engine, version, rep)
     _check_norm(d, a, rep)
     return rep
+
+
+def _check_target(t: TargetModel, a: EngineAdapter, rep: Report):
+    """Whether the release serves the target's model class as an EAGLE-3 target (engines/eagle3_targets.py)."""
+    ok, why = a.eagle3_target(t.architectures, t.text_model_type)
+    if ok:
+        rep.add("info", "target", f"{a.label} {a.version}: {why}")
+        return
+    if ok is None:
+        rep.add("warning", "target", f"whether {a.label} {a.version} serves {t.architectures} as an EAGLE-3 target is "
+                f"not known: {why}", "check the target on the engine itself")
+        return
+    later = _later_release(t, a)
+    fix = f"use {a.label} {later} or later" if later else f"serve this target with {a.drafter_fallback}" \
+        if a.drafter_fallback else "serve this target with an engine release that implements it"
+    rep.add("error", "target", f"{a.label} {a.version} cannot use {t.architectures} as an EAGLE-3 target: {why} "
+            "(the load fails once the target asks for aux hidden states)", fix)
+
+
+def _later_release(t: TargetModel, a: EngineAdapter) -> str | None:
+    versions = list(a.versions)
+    for v in versions[versions.index(a.version) + 1:]:
+        if a.__class__(v).eagle3_target(t.architectures, t.text_model_type)[0]:
+            return v
+    return None
 
 
 def _or_fallback(a: EngineAdapter) -> str:
