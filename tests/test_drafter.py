@@ -208,17 +208,22 @@ def build_corpus_drafter(entry: dict, root: Path, path: Path) -> Path:
 
 
 def corpus_cases():
+    """One case per (drafter, engine release): an entry's truth per engine is one verdict or a list of them,
+    each derived from that release's loader sources (its "why")."""
     for f in CORPUS:
         entry = json.loads(f.read_text())
-        for engine, truth in entry["truth"].items():
-            yield pytest.param(entry, engine, truth, id=f"{entry['name']}-{engine}-{truth['version']}")
+        for engine, truths in entry["truth"].items():
+            for truth in truths if isinstance(truths, list) else [truths]:
+                yield pytest.param(entry, engine, truth, id=f"{entry['name']}-{engine}-{truth['version']}")
 
 
 def test_corpus_is_real_and_large_enough():
-    assert len(CORPUS) >= 12
+    assert len(CORPUS) >= 24
     for f in CORPUS:
         e = json.loads(f.read_text())
         assert e["url"].startswith("https://") and e["config_source"] and e["tensors_source"] and e["truth"]
+        for truths in e["truth"].values():
+            assert all(t.get("why") for t in (truths if isinstance(truths, list) else [truths]))
 
 
 @pytest.mark.parametrize("entry,engine,truth", list(corpus_cases()))
