@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from specdeploy.drafter import check, convert, is_convertible
 from specdeploy.errors import SpecdeployError
@@ -546,3 +547,77 @@ def test_target_class_must_implement_eagle3(tmp_path, repo):
     # the whitelist of 0.16-0.21: model_type must contain one of its entries
     glm = target("glm", "Glm4MoeForCausalLM", "glm4_moe")
     assert "target" in errors(check(d, glm, "vllm", "0.17.0"))
+
+
+def _mutations(entry):
+    """(name, edit(config, tensors), {engine: subjects expected as errors}) - one property changed at a time; the
+    expectations are what each engine's loader does (see engines/*.py DRAFTER), independent of the entry."""
+    cfg = entry["config"]
+    h = cfg["hidden_size"]
+    n_target = json.loads((_target_dir(entry) / "config.json").read_text())
+    n_target = n_target.get("text_config", n_target)["num_hidden_layers"]
+    pre = "midlayer." if any(k.startswith("midlayer.") for k in entry["tensors"]) else "layers.0."
+    both = ("vllm", "sglang")
+    out = [
+        # layer count: both build num_hidden_layers layers, the second one uninitialised
+        ("two-layers", lambda c, t: c.__setitem__("num_hidden_layers", 2), {e: {"num_hidden_layers"} for e in both}),
+        # vocab map: without d2t every draft id maps to itself
+        ("no-d2t", lambda c, t: (t.pop("d2t"), t.pop("t2d", None)), {e: {"d2t"} for e in both}),
+        # shapes: fc fusing four states
+        ("fc-4x", lambda c, t: t.__setitem__("fc.weight", ["BF16", [h, 4 * h]]), {e: {"fc.weight"} for e in both}),
+        # names: a final norm under another name is unknown to both loaders, and norm.weight is then missing
+        ("renamed-norm", lambda c, t: t.__setitem__("final_norm.weight", t.pop("norm.weight")),
+         {e: {"tensor names", "missing tensors"} for e in both}),
+        # a tap equal to the target's layer count is never captured (both keys checked)
+        ("aux-out-of-range", lambda c, t: c.__setitem__("eagle_aux_hidden_state_layer_ids", [2, n_target // 2,
+                                                                                              n_target]),
+         {e: {"eagle_aux_hidden_state_layer_ids"} for e in both}),
+        # tied embeddings with a trained lm_head: SGLang makes lm_head the embedding; vLLM ignores the key
+        ("tied", lambda c, t: c.__setitem__("tie_word_embeddings", True), {"vllm": set(),
+                                                                           "sglang": {"tie_word_embeddings"}}),
+        # a head without aux states and without fc: both load it
+        ("no-aux-no-fc", lambda c, t: (c.__setitem__("eagle_config", {"use_aux_hidden_state": False}),
+                                       c.pop("eagle_aux_hidden_state_layer_ids", None), t.pop("fc.weight")),
+         {e: set() for e in both}),
+        # q/k norms (a Qwen3 decoder layer): vLLM raises on them, SGLang drops them
+        ("qk-norm", lambda c, t: (t.__setitem__(pre + "self_attn.q_norm.weight", ["BF16", [128]]),
+                                  t.__setitem__(pre + "self_attn.k_norm.weight", ["BF16", [128]])),
+         {e: {"tensor names"} for e in both}),
+    ]
+    if "d2t" not in entry["tensors"] or "lm_head.weight" not in entry["tensors"]:  # a full-vocabulary head
+        out = [m for m in out if m[0] not in ("no-d2t", "tied")]
+    return out
+
+
+def _target_dir(entry) -> Path:
+    root = Path(__file__).parent
+    return root / "data/drafters" / entry["target"] if entry["target"].startswith("targets/") else root.parent / \
+        entry["target"]
+
+
+def _loading_cases():
+    for f in CORPUS:
+        entry = json.loads(f.read_text())
+        if entry["config"].get("speculators_model_type") or "Deepseek" in str(entry["config"].get("architectures")):
+            continue  # the Llama EAGLE-3 head only
+        for engine, truths in entry["truth"].items():
+            for truth in truths if isinstance(truths, list) else [truths]:
+                if engine == "sglang" and Version(truth["version"]) < Version("0.5.11"):
+                    continue  # the head's loader facts were read from 0.5.11 on: older releases answer "unknown"
+                if truth["loads"]:
+                    yield pytest.param(entry, engine, truth["version"],
+                                       id=f"{entry['name']}-{engine}-{truth['version']}")
+
+
+@pytest.mark.parametrize("entry,engine,version", list(_loading_cases()))
+def test_corpus_variants_change_the_verdict_as_the_loader_says(tmp_path, repo, entry, engine, version):
+    target = _target_dir(entry)
+    for name, edit, expect in _mutations(entry):
+        e = json.loads(json.dumps(entry))
+        edit(e["config"], e["tensors"])
+        if "d2t" not in e["tensors"]:
+            e.pop("d2t", None)
+        d = build_corpus_drafter(e, repo, tmp_path / name)
+        rep = check(d, target, engine, version)
+        got = set(errors(rep))
+        assert got == expect[engine], (name, [f.line() for f in rep.findings if f.severity != "info"])
