@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from specdeploy.drafter import check, convert, is_convertible
 from specdeploy.errors import SpecdeployError
@@ -208,17 +209,22 @@ def build_corpus_drafter(entry: dict, root: Path, path: Path) -> Path:
 
 
 def corpus_cases():
+    """One case per (drafter, engine release): an entry's truth per engine is one verdict or a list of them,
+    each derived from that release's loader sources (its "why")."""
     for f in CORPUS:
         entry = json.loads(f.read_text())
-        for engine, truth in entry["truth"].items():
-            yield pytest.param(entry, engine, truth, id=f"{entry['name']}-{engine}-{truth['version']}")
+        for engine, truths in entry["truth"].items():
+            for truth in truths if isinstance(truths, list) else [truths]:
+                yield pytest.param(entry, engine, truth, id=f"{entry['name']}-{engine}-{truth['version']}")
 
 
 def test_corpus_is_real_and_large_enough():
-    assert len(CORPUS) >= 12
+    assert len(CORPUS) >= 24
     for f in CORPUS:
         e = json.loads(f.read_text())
         assert e["url"].startswith("https://") and e["config_source"] and e["tensors_source"] and e["truth"]
+        for truths in e["truth"].values():
+            assert all(t.get("why") for t in (truths if isinstance(truths, list) else [truths]))
 
 
 @pytest.mark.parametrize("entry,engine,truth", list(corpus_cases()))
@@ -315,3 +321,303 @@ def test_2gb_sparse_check_is_fast(tmp_path, target):
     t = time.perf_counter()
     check(d, target, "sglang")
     assert time.perf_counter() - t < 1.0  # loose bound; bench/bench_drafter_check.py measures (< 100 ms)
+
+
+def _corpus_entry(name: str) -> dict:
+    return json.loads((Path(__file__).parent / "data/drafters/corpus" / f"{name}.json").read_text())
+
+
+def test_eos_without_tokenizer_files_is_a_warning_and_does_not_block_convert(tmp_path, repo):
+    # gpt-oss: config.json's eos is <|return|> 200002, the template ends a message with <|end|> 200007
+    entry = _corpus_entry("specforge-gpt-oss-120b-eagle3")
+    entry["d2t"] = {"force": [200007], "exclude": [199999, 200002, 200012]}
+    d = build_corpus_drafter(entry, repo, tmp_path / "d")
+    full = repo / "tests/data/drafters/targets/gpt-oss-120b"
+    assert check(d, full, "sglang", "0.5.23").ok  # the tokenizer says <|end|> ends a turn: it is drafted
+    bare = tmp_path / "gpt-oss-config-only"
+    bare.mkdir()
+    (bare / "config.json").write_text((full / "config.json").read_text())
+    rep = check(d, bare, "sglang", "0.5.23")
+    w = [f for f in rep.findings if f.subject == "d2t" and f.severity == "warning"]
+    assert rep.ok and w and "200002" in w[0].message and "tokenizer_config.json" in w[0].fix
+    # the same drafter with generation_config.json only: its stop ids settle it, and none is drafted
+    (bare / "generation_config.json").write_text((full / "generation_config.json").read_text())
+    e = errors(check(d, bare, "sglang", "0.5.23"))
+    assert "generation_config.json" in e["d2t"].message
+    # vLLM 0.18 needs its aux ids converted; the end-of-turn warning does not block that
+    (bare / "generation_config.json").unlink()
+    meta = convert(d, bare, "vllm", tmp_path / "out", "0.18.0")
+    assert meta["check"]["ok"]
+
+
+# --- variants of a real drafter: one property changed at a time, the verdict as each release's loader says ------
+LLAMA_TARGET = "tests/data/drafters/targets/llama-3.1-8b-instruct"
+
+
+def _variant(tmp_path, repo, name, edit, base="lmsys-sglang-eagle3-llama3.1-instruct-8b"):
+    entry = json.loads(json.dumps(_corpus_entry(base)))
+    edit(entry["config"], entry["tensors"])
+    return build_corpus_drafter(entry, repo, tmp_path / name)
+
+
+def _verdicts(d, target, cases):
+    out = {}
+    for engine, version in cases:
+        rep = check(d, target, engine, version)
+        out[(engine, version)] = (rep.ok, sorted(errors(rep)))
+    return out
+
+
+def test_variant_no_aux_states_and_no_fc_loads(tmp_path, repo):
+    # eagle_config.use_aux_hidden_state false: vLLM builds no fc (fc.* skipped), SGLang builds one it never runs;
+    # neither captures aux states
+    def edit(cfg, ts):
+        cfg["eagle_config"] = {"use_aux_hidden_state": False}
+        cfg.pop("eagle_aux_hidden_state_layer_ids", None)
+        ts.pop("fc.weight")
+    d = _variant(tmp_path, repo, "noaux", edit)
+    target = repo / LLAMA_TARGET
+    for engine, version in (("vllm", "0.16.0"), ("vllm", "0.17.0"), ("vllm", "0.18.0"), ("sglang", "0.5.23")):
+        rep = check(d, target, engine, version)
+        assert rep.ok, (engine, version, [f.line() for f in rep.findings])
+        assert any(f.subject == "eagle_config.use_aux_hidden_state" for f in rep.findings)
+    # the same head with aux states on: fc is needed
+    def edit2(cfg, ts):
+        ts.pop("fc.weight")
+    e = errors(check(_variant(tmp_path, repo, "nofc", edit2), target, "vllm", "0.17.0"))
+    assert "fc.weight" in e and "uninitialised" in e["fc.weight"].message
+
+
+def _norm_before_fc(where):
+    def edit(cfg, ts):
+        if where == "top":
+            cfg["norm_before_fc"] = True
+        else:
+            cfg.setdefault("eagle_config", {})["norm_before_fc"] = True
+        ts["input_norm.weight"] = ["BF16", [3 * 4096]]
+    return edit
+
+
+def test_variant_norm_before_fc(tmp_path, repo):
+    target = repo / LLAMA_TARGET
+    d = _variant(tmp_path, repo, "nbf", _norm_before_fc("top"))
+    v = _verdicts(d, target, [("vllm", "0.16.0"), ("vllm", "0.17.0"), ("vllm", "0.18.0"), ("sglang", "0.5.16"),
+                              ("sglang", "0.5.23")])
+    # 0.16/0.17 build no input_norm: KeyError 'input_norm.weight' (and the switch is ignored)
+    assert v[("vllm", "0.16.0")] == (False, ["norm_before_fc", "tensor names"])
+    assert v[("vllm", "0.17.0")] == (False, ["norm_before_fc", "tensor names"])
+    assert v[("vllm", "0.18.0")] == (True, [])
+    # SGLang before 0.5.17 drops input_norm.weight without a word
+    assert v[("sglang", "0.5.16")][0] is False and "tensor names" in v[("sglang", "0.5.16")][1]
+    assert v[("sglang", "0.5.23")] == (True, [])
+    rep = check(d, target, "vllm", "0.17.0")
+    assert "input_norm.weight" in errors(rep)["tensor names"].message and "0.18.0" in errors(rep)["tensor names"].fix
+    # written only under eagle_config: vLLM 0.18 reads the top level only and skips input_norm.*; 0.22 reads it
+    d = _variant(tmp_path, repo, "nbf-nested", _norm_before_fc("eagle_config"))
+    v = _verdicts(d, target, [("vllm", "0.18.0"), ("vllm", "0.22.0"), ("sglang", "0.5.23")])
+    assert v[("vllm", "0.18.0")] == (False, ["norm_before_fc"])
+    assert v[("vllm", "0.22.0")][0] is True and v[("sglang", "0.5.23")] == (True, [])
+    # switch on, weight missing: the norm stays uninitialised where it is built
+    def edit(cfg, ts):
+        cfg["norm_before_fc"] = True
+    e = errors(check(_variant(tmp_path, repo, "nbf-noweight", edit), target, "sglang", "0.5.23"))
+    assert "input_norm.weight" in e["missing tensors"].message and "uninitialised" in e["missing tensors"].message
+
+
+def test_variant_fc_norm_and_legacy_names(tmp_path, repo):
+    target = repo / LLAMA_TARGET
+
+    def edit(cfg, ts, names=("fc_norm.0", "fc_norm.1", "fc_norm.2")):
+        cfg["fc_norm"] = True
+        for n in names:
+            ts[n + ".weight"] = ["BF16", [4096]]
+    d = _variant(tmp_path, repo, "fcn", edit)
+    v = _verdicts(d, target, [("vllm", "0.18.0"), ("vllm", "0.22.0"), ("sglang", "0.5.11"), ("sglang", "0.5.12")])
+    assert v[("vllm", "0.18.0")] == (False, ["fc_norm", "tensor names"])
+    assert v[("vllm", "0.22.0")] == (True, [])
+    assert v[("sglang", "0.5.11")][0] is False and "fc_norm" in v[("sglang", "0.5.11")][1]
+    assert v[("sglang", "0.5.12")] == (True, [])
+    # SGLang's older names aux_norm_low/mid/high: renamed by SGLang, unknown to vLLM
+    d = _variant(tmp_path, repo, "auxnorm", lambda c, t: edit(c, t, ("aux_norm_low", "aux_norm_mid", "aux_norm_high")))
+    assert check(d, target, "sglang", "0.5.12").ok
+    e = errors(check(d, target, "vllm", "0.22.0"))
+    assert "aux_norm_low.weight" in e["tensor names"].message
+
+
+def test_variant_unknown_missing_and_misshaped_names(tmp_path, repo):
+    target = repo / LLAMA_TARGET
+
+    def qk_norm(cfg, ts):
+        ts["midlayer.self_attn.q_norm.weight"] = ["BF16", [128]]
+        ts["midlayer.self_attn.k_norm.weight"] = ["BF16", [128]]
+    d = _variant(tmp_path, repo, "qk", qk_norm)
+    e = errors(check(d, target, "vllm", "0.18.0"))
+    assert "raises" in e["tensor names"].message and "q_norm" in e["tensor names"].message
+    e = errors(check(d, target, "sglang", "0.5.23"))
+    assert "dropped without a word" in e["tensor names"].message
+    d = _variant(tmp_path, repo, "nonorm", lambda c, t: t.pop("norm.weight"))
+    for engine, version in (("vllm", "0.17.0"), ("sglang", "0.5.23")):
+        e = errors(check(d, target, engine, version))
+        assert "norm.weight" in e["missing tensors"].message and "uninitialised" in e["missing tensors"].message
+    d = _variant(tmp_path, repo, "badnorm", lambda c, t: t.__setitem__("midlayer.hidden_norm.weight", ["BF16", [2048]]))
+    assert "tensor shapes" in errors(check(d, target, "vllm", "0.17.0"))
+    # a rotary buffer is no trained weight: neither engine minds
+    d = _variant(tmp_path, repo, "rope", lambda c, t: t.__setitem__("midlayer.self_attn.rotary_emb.inv_freq",
+                                                                  ["F32", [64]]))
+    assert check(d, target, "sglang", "0.5.23").ok
+
+
+def test_variant_tied_embeddings_drop_the_trained_head_on_sglang(tmp_path, repo):
+    target = repo / LLAMA_TARGET
+    d = _variant(tmp_path, repo, "tied", lambda c, t: c.__setitem__("tie_word_embeddings", True))
+    assert check(d, target, "vllm", "0.18.0").ok  # vLLM always builds its own lm_head
+    e = errors(check(d, target, "sglang", "0.5.23"))
+    assert is_convertible(e["tie_word_embeddings"])
+    out = tmp_path / "out"
+    convert(d, target, "sglang", out, "0.5.23")
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
+
+
+def test_convert_refuses_to_flatten_away_qwen3_norms_and_keeps_switches(tmp_path, repo):
+    target = repo / LLAMA_TARGET
+
+    def qwen3_layers(cfg, ts):
+        cfg["norm_before_residual"] = False
+        cfg["transformer_layer_config"]["model_type"] = "qwen3"
+        ts["layers.0.self_attn.q_norm.weight"] = ["BF16", [128]]
+        ts["layers.0.self_attn.k_norm.weight"] = ["BF16", [128]]
+    d = _variant(tmp_path, repo, "spec-qwen3", qwen3_layers, base="redhatai-llama-3.1-8b-instruct-speculator.eagle3")
+    with pytest.raises(SpecdeployError) as ei:
+        convert(d, target, "sglang", tmp_path / "out", "0.5.23")
+    assert "lose trained weights" in str(ei.value) and "q_norm" in str(ei.value)
+    assert not (tmp_path / "out").exists()
+
+    def nbf(cfg, ts):
+        cfg["norm_before_residual"] = False
+        cfg["norm_before_fc"] = True
+        ts["input_norm.weight"] = ["BF16", [3 * 4096]]
+    d = _variant(tmp_path, repo, "spec-nbf", nbf, base="redhatai-llama-3.1-8b-instruct-speculator.eagle3")
+    meta = convert(d, target, "sglang", tmp_path / "ok", "0.5.23")
+    assert meta["check"]["ok"] and json.loads((tmp_path / "ok/config.json").read_text())["norm_before_fc"] is True
+    with pytest.raises(SpecdeployError) as ei:  # 0.5.16 builds no input_norm: the trained norm would be dropped
+        convert(d, target, "sglang", tmp_path / "old", "0.5.16")
+    assert "input_norm" in str(ei.value) or "norm_before_fc" in str(ei.value)
+    # vLLM reads the speculators norm_before_fc from 0.19.0; 0.16.0 raises on input_norm.weight
+    assert check(d, target, "vllm", "0.19.0").ok
+    assert "tensor names" in errors(check(d, target, "vllm", "0.16.0"))
+    assert errors(check(d, target, "vllm", "0.18.0")).keys() == {"norm_before_fc"}
+
+
+def test_convert_keeps_a_head_without_aux_states(tmp_path, repo):
+    target = repo / LLAMA_TARGET
+
+    def edit(cfg, ts):
+        cfg["architectures"] = ["LlamaForCausalLM"]  # needs renaming for SGLang
+        cfg["eagle_config"] = {"use_aux_hidden_state": False}
+        ts.pop("fc.weight")
+    d = _variant(tmp_path, repo, "noaux", edit)
+    convert(d, target, "sglang", tmp_path / "out", "0.5.23")
+    cfg = json.loads((tmp_path / "out/config.json").read_text())
+    assert cfg["eagle_config"]["use_aux_hidden_state"] is False and "eagle_aux_hidden_state_layer_ids" not in cfg
+
+
+def test_target_class_must_implement_eagle3(tmp_path, repo):
+    """The target's architecture decides: Qwen3-Next is no vLLM 0.16/0.17 EAGLE-3 target (no SupportsEagle3) but is one
+    for SGLang; Step-3.5 is none for either; a release between two read ones is known only where they agree."""
+    entry = _corpus_entry("specforge-qwen3-8b-eagle3")
+    d = build_corpus_drafter(entry, repo, tmp_path / "d")
+    src = json.loads((repo / "tests/data/drafters/targets/qwen3-8b/config.json").read_text())
+
+    def target(name, arch, model_type):
+        p = tmp_path / name
+        p.mkdir()
+        (p / "config.json").write_text(json.dumps(dict(src, architectures=[arch], model_type=model_type)))
+        return p
+    nxt = target("next", "Qwen3NextForCausalLM", "qwen3_next")
+    step = target("step", "Step3p5ForCausalLM", "step3p5")
+    for version in ("0.16.0", "0.17.0"):
+        e = errors(check(d, nxt, "vllm", version))
+        assert "SupportsEagle3" in e["target"].message and "0.27.0" in e["target"].fix
+    assert "target" not in errors(check(d, nxt, "sglang", "0.5.23"))
+    for engine, version in (("vllm", "0.17.0"), ("sglang", "0.5.23")):
+        assert "target" in errors(check(d, step, engine, version))
+    rep = check(d, nxt, "vllm", "0.25.0")  # between 0.22.1 (not) and 0.27.0 (yes): not known
+    assert "target" not in errors(rep) and any(f.subject == "target" and f.severity == "warning"
+                                                for f in rep.findings)
+    # the whitelist of 0.16-0.21: model_type must contain one of its entries
+    glm = target("glm", "Glm4MoeForCausalLM", "glm4_moe")
+    assert "target" in errors(check(d, glm, "vllm", "0.17.0"))
+
+
+def _mutations(entry):
+    """(name, edit(config, tensors), {engine: subjects expected as errors}) - one property changed at a time; the
+    expectations are what each engine's loader does (see engines/*.py DRAFTER), independent of the entry."""
+    cfg = entry["config"]
+    h = cfg["hidden_size"]
+    n_target = json.loads((_target_dir(entry) / "config.json").read_text())
+    n_target = n_target.get("text_config", n_target)["num_hidden_layers"]
+    pre = "midlayer." if any(k.startswith("midlayer.") for k in entry["tensors"]) else "layers.0."
+    both = ("vllm", "sglang")
+    out = [
+        # layer count: both build num_hidden_layers layers, the second one uninitialised
+        ("two-layers", lambda c, t: c.__setitem__("num_hidden_layers", 2), {e: {"num_hidden_layers"} for e in both}),
+        # vocab map: without d2t every draft id maps to itself
+        ("no-d2t", lambda c, t: (t.pop("d2t"), t.pop("t2d", None)), {e: {"d2t"} for e in both}),
+        # shapes: fc fusing four states
+        ("fc-4x", lambda c, t: t.__setitem__("fc.weight", ["BF16", [h, 4 * h]]), {e: {"fc.weight"} for e in both}),
+        # names: a final norm under another name is unknown to both loaders, and norm.weight is then missing
+        ("renamed-norm", lambda c, t: t.__setitem__("final_norm.weight", t.pop("norm.weight")),
+         {e: {"tensor names", "missing tensors"} for e in both}),
+        # a tap equal to the target's layer count is never captured (both keys checked)
+        ("aux-out-of-range", lambda c, t: c.__setitem__("eagle_aux_hidden_state_layer_ids", [2, n_target // 2,
+                                                                                              n_target]),
+         {e: {"eagle_aux_hidden_state_layer_ids"} for e in both}),
+        # tied embeddings with a trained lm_head: SGLang makes lm_head the embedding; vLLM ignores the key
+        ("tied", lambda c, t: c.__setitem__("tie_word_embeddings", True), {"vllm": set(),
+                                                                           "sglang": {"tie_word_embeddings"}}),
+        # a head without aux states and without fc: both load it
+        ("no-aux-no-fc", lambda c, t: (c.__setitem__("eagle_config", {"use_aux_hidden_state": False}),
+                                       c.pop("eagle_aux_hidden_state_layer_ids", None), t.pop("fc.weight")),
+         {e: set() for e in both}),
+        # q/k norms (a Qwen3 decoder layer): vLLM raises on them, SGLang drops them
+        ("qk-norm", lambda c, t: (t.__setitem__(pre + "self_attn.q_norm.weight", ["BF16", [128]]),
+                                  t.__setitem__(pre + "self_attn.k_norm.weight", ["BF16", [128]])),
+         {e: {"tensor names"} for e in both}),
+    ]
+    if "d2t" not in entry["tensors"] or "lm_head.weight" not in entry["tensors"]:  # a full-vocabulary head
+        out = [m for m in out if m[0] not in ("no-d2t", "tied")]
+    return out
+
+
+def _target_dir(entry) -> Path:
+    root = Path(__file__).parent
+    return root / "data/drafters" / entry["target"] if entry["target"].startswith("targets/") else root.parent / \
+        entry["target"]
+
+
+def _loading_cases():
+    for f in CORPUS:
+        entry = json.loads(f.read_text())
+        if entry["config"].get("speculators_model_type") or "Deepseek" in str(entry["config"].get("architectures")):
+            continue  # the Llama EAGLE-3 head only
+        for engine, truths in entry["truth"].items():
+            for truth in truths if isinstance(truths, list) else [truths]:
+                if engine == "sglang" and Version(truth["version"]) < Version("0.5.11"):
+                    continue  # the head's loader facts were read from 0.5.11 on: older releases answer "unknown"
+                if truth["loads"]:
+                    yield pytest.param(entry, engine, truth["version"],
+                                       id=f"{entry['name']}-{engine}-{truth['version']}")
+
+
+@pytest.mark.parametrize("entry,engine,version", list(_loading_cases()))
+def test_corpus_variants_change_the_verdict_as_the_loader_says(tmp_path, repo, entry, engine, version):
+    target = _target_dir(entry)
+    for name, edit, expect in _mutations(entry):
+        e = json.loads(json.dumps(entry))
+        edit(e["config"], e["tensors"])
+        if "d2t" not in e["tensors"]:
+            e.pop("d2t", None)
+        d = build_corpus_drafter(e, repo, tmp_path / name)
+        rep = check(d, target, engine, version)
+        got = set(errors(rep))
+        assert got == expect[engine], (name, [f.line() for f in rep.findings if f.severity != "info"])

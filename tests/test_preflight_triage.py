@@ -108,3 +108,23 @@ def test_gate_decisions():
     assert decide([{"speedup": 1.15 / 2.2, "per_position": [0.1, 0.03, 0.02], "step_ratio": 2.2}], 3)[0] == "disable"
     assert verdict_overrides({"verdict": "disable"}) == {"specdeploy_spec_enabled": False}
     assert verdict_overrides({"verdict": "keep"}) == {}
+
+
+def test_target_without_eagle3_support_is_an_engine_error(repo, tmp_path):
+    # the target-support table decides for every target, not only Kimi/DeepSeek
+    src = json.loads((repo / "tests/data/drafters/targets/qwen3-8b/config.json").read_text())
+    target, drafter = tmp_path / "qwen3-next", tmp_path / "drafter"
+    target.mkdir()
+    drafter.mkdir()
+    (target / "config.json").write_text(json.dumps(dict(src, architectures=["Qwen3NextForCausalLM"],
+                                                        model_type="qwen3_next")))
+    entry = json.loads((repo / "tests/data/drafters/corpus/specforge-qwen3-8b-eagle3.json").read_text())
+    (drafter / "config.json").write_text(json.dumps(entry["config"]))
+    paths = {"specdeploy_model_config_copy": str(target), "specdeploy_drafter_config_copy": str(drafter)}
+    _, r = run_pf(repo, specdeploy_engine_version="0.17.0", **paths)
+    e = errs(r, "gpu-a")
+    assert "SupportsEagle3" in e["eagle3 target"].message and "0.27.0" in e["eagle3 target"].fix
+    assert "drafter target" not in {f.subject for f in r["gpu-a"].findings}  # said once, by the engine
+    _, r = run_pf(repo, "b200", **paths)  # SGLang 0.5.23 serves Qwen3-Next as an EAGLE-3 target
+    assert not any("eagle3" in f.subject or f.subject == "specdeploy_engine_version"
+                   for f in r[next(iter(r))].findings if f.severity == "error")

@@ -159,6 +159,8 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None) -> Report:
                 drep = drafter_mod.check(ddir, tdir, hv.specdeploy_engine, hv.specdeploy_engine_version)
                 # the drafter role converts what `drafter convert` fixes before the engine starts: report as info
                 for f in drep.findings:
+                    if f.subject == "target":
+                        continue  # the adapter's preflight decides, knowing the image's patch set
                     sev, msg = f.severity, f.message
                     if sev == "error" and drafter_mod.is_convertible(f):
                         sev, msg = "info", f"{msg} (the drafter role converts this)"

@@ -103,15 +103,52 @@ class EngineAdapter:
     image_cuda: dict[str, str] = {}
     # --- upstream sources ----------------------------------------------------------------
     source_release: str = "wheel"  # "sdist" or "wheel": the package index artifact the contract tests read
-    # --- drafter conventions (see drafter.py) --------------------------------------------
+    # --- drafter conventions (see drafter/) --------------------------------------------
     DRAFTER: dict = {}
     drafter_fallback: str = ""  # the engine fixes suggest for drafters this engine cannot serve
+    # EAGLE-3 targets (engines/eagle3_targets.py): architecture -> releases whose class implements the interface,
+    # the releases read, and a model-type whitelist with the releases that have one
+    eagle3_targets: dict[str, Span] = {}
+    eagle3_targets_read: tuple[str, ...] = ()
+    eagle3_whitelist: dict[str, Span] = {}
+    eagle3_whitelist_span: Span | None = None
+    eagle3_interface: str = "the EAGLE-3 target interface"
 
     def __init__(self, version: str):
         if version not in self.versions:
             raise UnsupportedVersion(
                 f"{self.name} {version} is not supported; supported: {', '.join(self.versions)}")
         self.version = version
+
+    def eagle3_target(self, architectures: list[str], model_type: str) -> tuple[bool | None, str]:
+        """Whether this release serves a target with these architectures as an EAGLE-3 target: True / False, or
+        None where the release was not read; and why."""
+        if not self.eagle3_targets_read:
+            return None, f"specdeploy records no EAGLE-3 target table for {self.name}"
+        read = sorted(self.eagle3_targets_read, key=parse_version)
+        v = parse_version(self.version)
+
+        def at(version: str) -> tuple[bool, str]:
+            ok = [x for x in architectures if x in self.eagle3_targets and self.eagle3_targets[x].contains(version)]
+            if not ok:
+                return False, f"{' / '.join(architectures) or 'no architecture'} does not implement " \
+                    f"{self.eagle3_interface}"
+            wl = self.eagle3_whitelist_span
+            if wl is not None and wl.contains(version):
+                types = [t for t, sp in self.eagle3_whitelist.items() if sp.contains(version)]
+                if not any(t in model_type for t in types):
+                    return False, f"model_type '{model_type}' is not in the speculative config's EAGLE-3 target " \
+                        f"list ({', '.join(types)})"
+            return True, f"{ok[0]} implements {self.eagle3_interface}"
+        if self.version in read:
+            return at(self.version)
+        lo = [r for r in read if parse_version(r) < v]
+        hi = [r for r in read if parse_version(r) > v]
+        if lo and hi:
+            a, b = at(lo[-1]), at(hi[0])
+            if a[0] == b[0]:
+                return a[0], a[1] + f" (in {lo[-1]} and {hi[0]}, the read releases around {self.version})"
+        return None, f"{self.label} {self.version} was not read for EAGLE-3 target support"
 
     def has(self, capability: str) -> bool:
         return self.capabilities[capability].contains(self.version)

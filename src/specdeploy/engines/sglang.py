@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from ..errors import Finding
+from . import eagle3_targets as e3
 from .base import (
     AllReducePath,
     Command,
@@ -29,9 +30,7 @@ VERSIONS = (
 )
 
 CAPABILITIES = {
-    # KimiK25ForConditionalGeneration delegates set_eagle3_layers_to_capture to its language model
-    # (first seen in the 0.5.10 wheel; absent in 0.5.9).
-    "kimi_eagle3": Span("0.5.10"),
+    # (EAGLE-3 target support, Kimi-K2.5's from 0.5.10 included, is in engines/eagle3_targets.py.)
     # --config YAML file, merged into the command line (server_args_config_parser.py): lets the API key stay off
     # the command line. Absent in 0.5.2, present from 0.5.3.
     "config_file": Span("0.5.3"),
@@ -78,7 +77,7 @@ LOAD_FORMATS = {
 
 # How SGLang loads an EAGLE-3 drafter (models/llama_eagle3.py, models/kimi_k25_eagle3.py,
 # model_runner aux-layer lookup), read from the 0.5.6, 0.5.10-0.5.14, 0.5.18, 0.5.20 and 0.5.23 wheels.
-# The doctor (drafter.py) consults this table.
+# The doctor (drafter/) consults this table.
 DRAFTER = {
     # The speculators format is not read (transformer_layer_config is ignored): convert flattens it.
     "reads_speculators": False,
@@ -102,6 +101,33 @@ DRAFTER = {
     "lm_head_from_target_without_draft_vocab_size": Span("0.5.2"),
     # The Llama EAGLE-3 decoder layer implements only norm_before_residual = False.
     "norm_before_residual": False,
+    # --- the Llama EAGLE-3 head the loader builds (models/llama_eagle3.py), read in the 0.5.11, 0.5.12,
+    # 0.5.13, 0.5.16, 0.5.17, 0.5.18, 0.5.19, 0.5.20, 0.5.22 and 0.5.23 wheels; older releases were not read ---
+    # Config switches: switch -> {where it is read: (releases that read it there, releases that do not)}
+    # ("top": the config's top level; "eagle_config": the nested dict, read first).
+    "switches": {
+        # eagle_config.use_aux_hidden_state False: the target captures no aux states (model_runner) and the
+        # head skips fc (its input is then hidden_size wide); fc is built all the same.
+        "use_aux_hidden_state": {"eagle_config": (Span("0.5.11"), None)},
+        "norm_before_fc": {"top": (Span("0.5.17"), Span("0.5.11", "0.5.17")),
+                           "eagle_config": (Span("0.5.17"), Span("0.5.11", "0.5.17"))},
+        "fc_norm": {"top": (Span("0.5.12"), Span("0.5.11", "0.5.12"))},
+        "use_aux_norm": {"top": (Span("0.5.12"), Span("0.5.11", "0.5.12"))},  # the older name of fc_norm
+        "norm_output": {"top": (Span("0.5.12"), Span("0.5.11", "0.5.12"))},
+    },
+    "aux_count_from_ids": Span("0.5.12"),
+    # aux_norm_low/mid/high.* are renamed to fc_norm.0/1/2.*
+    "legacy_aux_norm_names": Span("0.5.12"),
+    # the config key "bias" gives fc a bias
+    "fc_bias_key": Span("0.5.11"),
+    # A checkpoint tensor the head has no parameter for is dropped without a word (load_weights matches
+    # names against named_parameters and skips the rest).
+    "unknown_tensor_dropped": Span("0.5.11"),
+    "missing_tensor_uninitialised": Span("0.5.11"),
+    "fc_always_built": True,
+    # tie_word_embeddings true: lm_head IS embed_tokens (then replaced by the target's embedding), so a
+    # trained lm_head.weight in the checkpoint is dropped.
+    "tied_lm_head_is_embedding": Span("0.5.11"),
 }
 
 ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "mtp": "NEXTN", "ngram": "NGRAM"}
@@ -127,6 +153,9 @@ class SGLang(EngineAdapter):
     default_port = 30000
     DRAFTER = DRAFTER
     drafter_fallback = "vLLM"
+    eagle3_targets = e3.SGLANG_TARGETS
+    eagle3_targets_read = e3.SGLANG_READ
+    eagle3_interface = "set_eagle3_layers_to_capture"
     versions = VERSIONS
     capabilities = CAPABILITIES
     flags = FLAGS
@@ -253,11 +282,18 @@ class SGLang(EngineAdapter):
             rep.add("error", "specdeploy_spec_method", "EAGLE with an EAGLE-3 drafter runs silently at acceptance "
                     "length 1.0 on SGLang", "set specdeploy_spec_method: eagle3 (--speculative-algorithm EAGLE3)",
                     host)
-        if eagle3 and target is not None and "KimiK25ForConditionalGeneration" in target.architectures \
-                and not self.has("kimi_eagle3"):
+        ok, why = self.eagle3_target(target.architectures, target.text_model_type) if eagle3 and target is not None \
+            else (True, "")
+        if ok is False:
+            later = next((v for v in self.versions[self.versions.index(self.version) + 1:]
+                          if SGLang(v).eagle3_target(target.architectures, target.text_model_type)[0]), None)
             rep.add("error", "specdeploy_engine_version", f"SGLang {self.version} has no EAGLE-3 support for "
-                    f"Kimi-K2.5 (first in {self.capabilities['kimi_eagle3'].since})",
-                    f"pin SGLang >= {self.capabilities['kimi_eagle3'].since}", host)
+                    f"{', '.join(target.architectures)} ({why}" + (f"; first in {later})" if later else ")"),
+                    f"pin SGLang >= {later}" if later else "serve this target with another engine, or without "
+                    "EAGLE-3", host)
+        elif ok is None:
+            rep.add("warning", "eagle3 target", f"{why}: whether it serves {target.architectures} as an EAGLE-3 "
+                    "target is not known", "check the target on the engine itself", host)
         if prof.interconnect == "pcie" and prof.sm >= 120:
             if not self.resolved(hv, "disable_custom_all_reduce"):
                 rep.add("error", "specdeploy_custom_all_reduce", "SGLang's custom all-reduce on PCIe SM120 hangs "
@@ -311,6 +347,15 @@ class SGLang(EngineAdapter):
                                                         for t in node.targets):
                     algos |= set(strings(node.value))
         return {"flags": sorted(flags), "spec_methods": sorted(algos)}
+
+    @classmethod
+    def eagle3_targets_from_source(cls, root) -> tuple[set[str], None]:
+        """(EntryClass architectures with a set_eagle3_layers_to_capture method, own or inherited; no type list)."""
+        from .sourcescan import entry_classes, implementers, model_classes
+        models = Path(root) / cls.name / "srt" / "models"
+        classes = model_classes(models)
+        return {a for a, m in entry_classes(models).items()
+                if implementers(classes, m, a, lambda name, e: "set_eagle3_layers_to_capture" in e[1])}, None
 
     @classmethod
     def simulation(cls) -> SimBehaviour:

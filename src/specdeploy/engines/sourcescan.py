@@ -23,3 +23,76 @@ def flag_literals(path: Path) -> set[str]:
 
 def strings(node) -> list[str]:
     return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def model_classes(models_dir: Path) -> dict[str, dict[str, tuple[list[str], set[str], set[str]]]]:
+    """module name -> class name -> (base names, method names, class attribute names) for every model file."""
+    out = {}
+    for f in sorted(models_dir.glob("*.py")):
+        try:
+            tree = ast.parse(f.read_text(errors="replace"))
+        except SyntaxError:
+            continue
+        classes = {}
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
+                         for b in node.bases]
+                methods = {s.name for s in node.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                attrs = {t.id for s in node.body if isinstance(s, ast.Assign) for t in s.targets
+                         if isinstance(t, ast.Name)}
+                attrs |= {s.target.id for s in node.body if isinstance(s, ast.AnnAssign)
+                          and isinstance(s.target, ast.Name)}
+                classes[node.name] = (bases, methods, attrs)
+        out[f.stem] = classes
+    return out
+
+
+def implementers(classes: dict, module: str, cls: str, has) -> bool:
+    """Whether ``module.cls`` or a base class it inherits (resolved in its own module first, then by name in any
+    model module) satisfies ``has(name, (bases, methods, attrs))``."""
+    seen: set[tuple[str, str]] = set()
+    todo = [(module, cls)]
+    while todo:
+        mod, name = todo.pop()
+        if (mod, name) in seen:
+            continue
+        seen.add((mod, name))
+        entry = classes.get(mod, {}).get(name)
+        if entry is None:
+            homes = [m for m, cs in classes.items() if name in cs]
+            if not homes:
+                continue
+            mod, entry = homes[0], classes[homes[0]][name]
+        if has(name, entry):
+            return True
+        todo += [(mod, b) for b in entry[0] if b]
+    return False
+
+
+def entry_classes(models_dir: Path) -> dict[str, str]:
+    """Architecture name -> module for SGLang-style ``EntryClass = X`` / ``EntryClass = [X, Y]``."""
+    out = {}
+    for f in sorted(models_dir.glob("*.py")):
+        try:
+            tree = ast.parse(f.read_text(errors="replace"))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EntryClass"
+                                                    for t in node.targets):
+                vals = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
+                out.update({v.id: f.stem for v in vals if isinstance(v, ast.Name)})
+    return out
+
+
+def registry_archs(registry: Path) -> dict[str, tuple[str, str]]:
+    """vLLM's model registry: architecture -> (module, class), from the dict literals of registry.py."""
+    out = {}
+    for node in ast.walk(ast.parse(registry.read_text())):
+        if isinstance(node, ast.Dict):
+            for k, v in zip(node.keys, node.values):
+                if isinstance(k, ast.Constant) and isinstance(k.value, str) and isinstance(v, ast.Tuple) \
+                        and len(v.elts) == 2 and all(isinstance(e, ast.Constant) for e in v.elts):
+                    out.setdefault(k.value, (v.elts[0].value, v.elts[1].value))
+    return out

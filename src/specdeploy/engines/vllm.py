@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from ..errors import Finding
+from . import eagle3_targets as e3
 from .base import (
     AllReducePath,
     Command,
@@ -108,7 +109,7 @@ LOAD_FORMATS = {
 
 # How vLLM loads an EAGLE-3 drafter (transformers_utils/configs/eagle.py, speculators/{base,algos}.py,
 # models/{llama,deepseek}_eagle3.py, v1 gpu_model_runner aux-layer lookup), read from the 0.16.0, 0.18.0,
-# 0.22.0, 0.27.0 and 0.33.0 sources. The doctor (drafter.py) consults this table.
+# 0.22.0, 0.27.0 and 0.33.0 sources. The doctor (drafter/) consults this table.
 DRAFTER = {
     # The speculators format (transformer_layer_config + speculators_config) loads as it is.
     "reads_speculators": True,
@@ -123,7 +124,7 @@ DRAFTER = {
         "Eagle3LlamaForCausalLM": Span(), "LlamaForCausalLMEagle3": Span(),
         "Eagle3Qwen2_5vlForCausalLM": Span(), "Eagle3Qwen3vlForCausalLM": Span(),
         "Eagle3DeepseekV2ForCausalLM": Span("0.18.0"), "Eagle3DeepseekV3ForCausalLM": Span("0.18.0"),
-        "Eagle3MiniMaxM2ForCausalLM": Span("0.22.0"),  # in 0.22.0, absent in 0.18.0
+        "Eagle3MiniMaxM2ForCausalLM": Span("0.20.0"),  # in 0.20.0, absent in 0.19.0
         "Eagle3Qwen3ForCausalLM": Span("0.27.0"),  # in 0.27.0, absent in 0.22.0
     },
     # speculators configs: transformer_layer_config.model_type -> drafter class
@@ -141,6 +142,43 @@ DRAFTER = {
     # A checkpoint without lm_head gets the target's lm_head (EagleProposer._maybe_share_lm_head).
     "shares_missing_lm_head": Span(),
     # The loader renames midlayer.* to layers.0.*; both layouts load (see llama_multi_layer in sglang.py).
+    # --- the Llama EAGLE-3 head the loader builds (models/llama_eagle3.py), read in 0.16.0, 0.17.0, 0.17.1,
+    # 0.18.0, 0.18.1, 0.19.0, 0.20.0, 0.21.0, 0.22.0 and 0.33.0 ---
+    # Config switches: switch -> {where it is read: (releases that read it there, releases that do not)}.
+    # "top" is the flat config's top level, "eagle_config" its nested dict, "speculators" a speculators
+    # config's top level as the speculators loader passes it on (transformers_utils/configs/speculators/algos.py).
+    # A release in neither span was not read.
+    "switches": {
+        # eagle_config.use_aux_hidden_state False: no fc is built (fc.* skipped) and the target captures no aux
+        # states (EagleProposer reads the same key).
+        "use_aux_hidden_state": {"eagle_config": (Span(), None)},
+        # norm_before_fc: an RMSNorm input_norm over the fused aux states, before fc; input_norm.* is skipped
+        # when it is off (0.18.0 on). 0.16.0 to 0.17.1 build no input_norm.
+        "norm_before_fc": {"top": (Span("0.18.0"), Span(None, "0.18.0")),
+                           "eagle_config": (Span("0.22.0"), Span(None, "0.22.0")),
+                           "speculators": (Span("0.19.0"), Span(None, "0.19.0"))},
+        # fc_norm: one RMSNorm per aux state (fc_norm.K), before fc.
+        "fc_norm": {"top": (Span("0.22.0"), Span(None, "0.22.0")),
+                    "speculators": (Span("0.33.0"), Span(None, "0.23.0"))},
+        # norm_output: the hidden state carried to the next draft step is the normed one.
+        "norm_output": {"top": (Span("0.22.0"), Span(None, "0.22.0")),
+                        "speculators": (Span("0.33.0"), Span(None, "0.23.0"))},
+    },
+    # fc fuses len(eagle_config.eagle_aux_hidden_state_layer_ids) states (else 3); before, always 3.
+    "aux_count_from_ids": Span("0.22.0"),
+    # attention_bias: q/k/v/o projections carry biases.
+    "attention_bias": Span(),
+    # A checkpoint tensor the head has no parameter for: the loader raises (KeyError from LlamaModel's
+    # params_dict until 0.22.0, ValueError "There is no module or parameter named" from AutoWeightsLoader
+    # later); the load fails.
+    "unknown_tensor_raises": Span(),
+    # No parameter is checked for being loaded: one the checkpoint lacks stays uninitialised.
+    "missing_tensor_uninitialised": Span(),
+    # fc is built only when use_aux_hidden_state is on, and fc.* is then skipped; input_norm.* is skipped when
+    # norm_before_fc is off from 0.18.0 (before, no input_norm exists and the name is unknown).
+    "fc_always_built": False,
+    "skips_unbuilt_input_norm": Span("0.18.0"),
+    # tie_word_embeddings is not read by the EAGLE-3 head (it always builds its own lm_head).
 }
 
 SPEC_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
@@ -164,6 +202,11 @@ class VLLM(EngineAdapter):
     image_cuda = IMAGE_CUDA
     source_release = "sdist"
     DRAFTER = DRAFTER
+    eagle3_targets = e3.VLLM_TARGETS
+    eagle3_targets_read = e3.VLLM_READ
+    eagle3_whitelist = e3.VLLM_WHITELIST
+    eagle3_whitelist_span = e3.VLLM_WHITELIST_SPAN
+    eagle3_interface = "SupportsEagle3"
     versions = VERSIONS
     capabilities = CAPABILITIES
     flags = FLAGS
@@ -282,9 +325,24 @@ class VLLM(EngineAdapter):
 
     def preflight(self, hv, target, drafter_fmt, rep, host) -> None:
         eagle3 = hv.specdeploy_spec_enabled and hv.specdeploy_spec_method == "eagle3"
-        kimi = target is not None and target.is_kimi_or_deepseek
-        if not (eagle3 and kimi) or self.has("kimi_eagle3_upstream"):
+        if not eagle3 or target is None:
             return
+        ok, why = self.eagle3_target(target.architectures, target.text_model_type)
+        if ok:
+            return
+        if target.is_kimi_or_deepseek and not self.has("kimi_eagle3_upstream"):
+            self._kimi_preflight(hv, target, rep, host)  # the patch set makes these targets EAGLE-3 targets
+        elif ok is None:
+            rep.add("warning", "eagle3 target", f"{why}: whether it serves {target.architectures} as an EAGLE-3 "
+                    "target is not known", "check the target on the engine itself", host)
+        else:
+            later = next((v for v in self.versions[self.versions.index(self.version) + 1:]
+                          if VLLM(v).eagle3_target(target.architectures, target.text_model_type)[0]), None)
+            rep.add("error", "eagle3 target", f"vLLM {self.version}: {why} (fails once the target is asked for aux "
+                    "hidden states)", f"pin vLLM >= {later}" if later else "serve this target with another engine, "
+                    "or without EAGLE-3", host)
+
+    def _kimi_preflight(self, hv, target, rep, host) -> None:
         if hv.specdeploy_engine_patches != "none":
             rep.add("info", "patch set", f"the image applies {', '.join(self.patch_ids())}", host=host)
             return
@@ -328,6 +386,29 @@ class VLLM(EngineAdapter):
                 methods |= set(strings(node.value))
         return {"flags": sorted(flags), "spec_keys": sorted(class_fields(spec, lambda c: c == "SpeculativeConfig")),
                 "spec_methods": sorted(methods)}
+
+    @classmethod
+    def eagle3_targets_from_source(cls, root) -> tuple[set[str], list[str] | None]:
+        """(architectures whose registered class implements SupportsEagle3, the speculative config's EAGLE-3
+        target model types or None when the release has no such list)."""
+        import ast
+
+        from .sourcescan import implementers, model_classes, registry_archs
+        vl = Path(root) / cls.name
+        classes = model_classes(vl / "model_executor" / "models")
+        reg = registry_archs(vl / "model_executor" / "models" / "registry.py")
+
+        def has(name, entry):
+            return name == "SupportsEagle3" or ("set_aux_hidden_state_layers" in entry[1]
+                                                and "supports_eagle3" in entry[2])
+        archs = {a for a, (m, c) in reg.items() if c != "SupportsEagle3" and implementers(classes, m, c, has)}
+        types = None
+        for node in ast.walk(ast.parse((vl / "config" / "speculative.py").read_text())):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.List) and any(
+                    isinstance(t, ast.Name) and t.id in ("eagle3_target_supported", "aux_hidden_states_supported")
+                    for t in node.targets):
+                types = [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
+        return archs, types
 
     @classmethod
     def simulation(cls) -> SimBehaviour:

@@ -1,194 +1,24 @@
-"""Drafter doctor: validate an EAGLE-3 drafter against its target for one engine version, and convert it.
-
-Reads config.json and safetensors headers (through the safetensors library), plus only the small d2t/t2d
-tensors; never the weights. Every engine-specific rule comes from the engine adapter: its ``DRAFTER`` table
-(engines/vllm.py, engines/sglang.py), keyed by version, and its aux-layer hooks (``drafter_taps``).
-
-Aux-layer numbering: vLLM and speculators number a tap L as the input of layer L and read the top-level
-``eagle_aux_hidden_state_layer_ids``; SGLang, SpecForge and TorchSpec number it as the output of layer L
-(vLLM id - 1) and read ``eagle_config.eagle_aux_hidden_state_layer_ids``. Internally taps are vLLM numbers.
-"""
+"""The doctor's rules: one drafter against its target for one engine release. Every engine-specific fact comes
+from the engine adapter (its ``DRAFTER`` table, keyed by version, and its aux-layer hooks)."""
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-import re
-import shutil
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-
-from .engines import EngineAdapter, UnsupportedVersion, get, get_adapter, names
-from .errors import Finding, Report, SpecdeployError
-from .modelcfg import TargetModel, load_json
-from .safetensors_io import (
-    BIN_CONVERT,
-    INDEX_FILE,
-    SafetensorsError,
-    TensorInfo,
-    bin_only,
-    checkpoint_tensors,
-    read_array,
-    rewrite_names,
+from ..engines import EngineAdapter, get, get_adapter, names
+from ..errors import Report
+from ..modelcfg import TargetModel
+from ..safetensors_io import BIN_CONVERT, read_array
+from .head import check_head, fc_shape
+from .model import (
+    CONVERT,
+    Drafter,
+    _ids_ok,
+    _unknown_engine,
+    end_of_turn_ids,
+    engine_taps,
+    resolve_version,
+    trained_taps,
 )
-
-META_FILE = "specdeploy-conversion.json"
-CONVERT = "run `specdeploy drafter convert --engine {engine}`"
-LAYER_RE = re.compile(r"^(?:layers\.(\d+)|midlayer)\.")
-EOT_RE = re.compile(r"im_end|eot|end_of_turn|<\|end\|>|<\|return\|>|<\|call\|>|eom_id|end_of_message", re.IGNORECASE)
-
-
-def is_convertible(f: Finding) -> bool:
-    """Findings that `drafter convert` fixes (the drafter role converts before the engine starts)."""
-    return f.fix.startswith("run `specdeploy drafter convert")
-
-
-def _unknown_engine(engine: str) -> Finding:
-    return Finding("error", "--engine", f"unknown engine '{engine}'", f"use {' or '.join(names())}")
-
-
-def resolve_version(engine: str, version: str | None) -> str:
-    try:
-        versions = get(engine).versions
-    except UnsupportedVersion:
-        raise SpecdeployError([_unknown_engine(engine)]) from None
-    if version is None:
-        return versions[-1]
-    if version not in versions:
-        raise SpecdeployError([Finding("error", "--engine-version", f"{engine} {version} is not a version "
-                                       "specdeploy knows", f"use one of {', '.join(versions)}")])
-    return version
-
-
-@dataclass
-class Drafter:
-    path: Path
-    config: dict
-    fmt: str  # llama | speculators | mla | unknown
-    layer: dict  # the decoder-layer config
-    tensors: dict[str, TensorInfo]
-    bin_files: list[str]
-
-    @classmethod
-    def load(cls, path: Path) -> Drafter:
-        cfg = load_json(path / "config.json", "drafter config.json")
-        if not isinstance(cfg, dict):
-            raise SpecdeployError([Finding("error", "drafter config.json", f"{path / 'config.json'} is not a "
-                                           "JSON object", "restore the drafter's config.json")])
-        archs = [a for a in (cfg.get("architectures") or []) if isinstance(a, str)]
-        if cfg.get("speculators_model_type") == "eagle3":
-            tlc = cfg.get("transformer_layer_config")
-            fmt, layer = "speculators", dict(tlc) if isinstance(tlc, dict) else {}
-        elif any("Deepseek" in a and "Eagle3" in a for a in archs):
-            fmt, layer = "mla", cfg
-        elif any("eagle3" in a.lower() for a in archs) or "LlamaForCausalLM" in archs:
-            fmt, layer = "llama", cfg
-        else:
-            fmt, layer = "unknown", cfg
-        try:
-            ts = checkpoint_tensors(path)
-        except SafetensorsError as exc:
-            raise SpecdeployError([Finding("error", "safetensors", str(exc),
-                                           "re-download or re-export the drafter checkpoint")]) from None
-        # vLLM and SGLang both strip a leading "model." when loading
-        ts = {n.removeprefix("model."): t for n, t in ts.items()}
-        return cls(path, cfg, fmt, layer, ts, bin_only(path))
-
-    def _int(self, key: str, *sources) -> int:
-        for src in sources:
-            v = src.get(key)
-            if isinstance(v, int) and not isinstance(v, bool):
-                return v
-        return 0
-
-    @property
-    def hidden(self) -> int:
-        return self._int("hidden_size", self.layer, self.config)
-
-    @property
-    def target_hidden(self) -> int:
-        return self._int("target_hidden_size", self.config, self.layer) or self.hidden
-
-    @property
-    def vocab(self) -> int:
-        return self._int("vocab_size", self.layer, self.config)
-
-    @property
-    def draft_vocab(self) -> int:
-        return self._int("draft_vocab_size", self.config, self.layer) or self.vocab
-
-    @property
-    def declares_draft_vocab(self) -> bool:
-        return isinstance(self.config.get("draft_vocab_size") or self.layer.get("draft_vocab_size"), int)
-
-    @property
-    def num_layers(self) -> int:
-        return self._int("num_hidden_layers", self.layer) or 1
-
-    @property
-    def heads(self) -> int:
-        return self._int("num_attention_heads", self.layer)
-
-    @property
-    def head_dim(self) -> int:
-        return self._int("head_dim", self.layer) or (self.hidden // self.heads if self.heads else 0)
-
-    def tensor_layers(self) -> set[int]:
-        out = set()
-        for n in self.tensors:
-            m = LAYER_RE.match(n)
-            if m:
-                out.add(int(m.group(1) or 0))
-        return out
-
-    def top_aux(self):
-        return self.config.get("eagle_aux_hidden_state_layer_ids")
-
-    def nested_aux(self):
-        ec = self.config.get("eagle_config")
-        return ec.get("eagle_aux_hidden_state_layer_ids") if isinstance(ec, dict) else None
-
-    def norm_before_residual(self, engine: str) -> bool:
-        """The value the engine runs with (a speculators config without the key: the speculators loader's
-        default, as the engine's table records it; True where it records none)."""
-        if "norm_before_residual" in self.config:
-            return bool(self.config["norm_before_residual"])
-        return self.fmt == "speculators" and get(engine).DRAFTER.get("speculators_norm_before_residual_default", True)
-
-
-def default_aux(layers: int) -> list[int]:
-    return [2, layers // 2, layers - 3]
-
-
-def _ids_ok(ids) -> bool:
-    return isinstance(ids, list) and len(ids) == 3 and all(isinstance(i, int) and not isinstance(i, bool)
-                                                            for i in ids)
-
-
-def end_of_turn_ids(t: TargetModel) -> tuple[set[int], dict[int, str]]:
-    """(end-of-turn token ids of the chat template, names of the target's special tokens) as far as the
-    target's tokenizer_config.json tells; empty when the target directory carries no tokenizer files."""
-    names: dict[int, str] = {}
-    template = ""
-    tc = t.path / "tokenizer_config.json"
-    if tc.is_file():
-        try:
-            data = json.loads(tc.read_text())
-            for k, v in (data.get("added_tokens_decoder") or {}).items():
-                if isinstance(v, dict) and isinstance(v.get("content"), str) and str(k).isdigit():
-                    names[int(k)] = v["content"]
-            ct = data.get("chat_template")
-            template = ct if isinstance(ct, str) else ""
-        except (ValueError, AttributeError, UnicodeDecodeError):
-            pass
-    jinja = t.path / "chat_template.jinja"
-    if jinja.is_file():
-        template += jinja.read_text(errors="replace")
-    eot = {i for i, n in names.items() if EOT_RE.search(n) and (not template or n in template)}
-    return eot, names
-
 
 # ---------------------------------------------------------------------------------------------------------
 def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None = None) -> Report:
@@ -207,7 +37,9 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
     rep.add("info", "engine", f"rules of {engine} {version}")
     if not _check_format(d, a, rep):
         return rep
+    _check_target(target, a, rep)
     _check_sizes(d, target, rep)
+    head = check_head(d, target, a, rep)  # the switches always; the tensor names when there are tensors
     if d.tensors:
         _check_layers(d, a, rep)
         _check_shapes(d, rep)
@@ -222,9 +54,38 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
         rep.add("warning", "safetensors", f"no *.safetensors in {drafter_dir}: a config-only copy, so tensor "
                 "shapes, d2t/t2d and weight names were not checked", "the drafter role checks the full "
                 "checkpoint on the host; or point the check at the full drafter")
-    _check_aux(d, target, engine, version, rep)
+    if head is not None and head.aux_on is False:
+        rep.add("info", "eagle_config.use_aux_hidden_state", f"false: {a.label} captures no aux hidden states for "
+                "this head (it drafts from the target's last hidden state), so no aux layer ids apply")
+    else:
+        _check_aux(d, target, engine, version, rep)
     _check_norm(d, a, rep)
     return rep
+
+
+def _check_target(t: TargetModel, a: EngineAdapter, rep: Report):
+    """Whether the release serves the target's model class as an EAGLE-3 target (engines/eagle3_targets.py)."""
+    ok, why = a.eagle3_target(t.architectures, t.text_model_type)
+    if ok:
+        rep.add("info", "target", f"{a.label} {a.version}: {why}")
+        return
+    if ok is None:
+        rep.add("warning", "target", f"whether {a.label} {a.version} serves {t.architectures} as an EAGLE-3 target is "
+                f"not known: {why}", "check the target on the engine itself")
+        return
+    later = _later_release(t, a)
+    fix = f"use {a.label} {later} or later" if later else f"serve this target with {a.drafter_fallback}" \
+        if a.drafter_fallback else "serve this target with an engine release that implements it"
+    rep.add("error", "target", f"{a.label} {a.version} cannot use {t.architectures} as an EAGLE-3 target: {why} "
+            "(the load fails once the target asks for aux hidden states)", fix)
+
+
+def _later_release(t: TargetModel, a: EngineAdapter) -> str | None:
+    versions = list(a.versions)
+    for v in versions[versions.index(a.version) + 1:]:
+        if a.__class__(v).eagle3_target(t.architectures, t.text_model_type)[0]:
+            return v
+    return None
 
 
 def _or_fallback(a: EngineAdapter) -> str:
@@ -350,19 +211,10 @@ def _shape(d: Drafter, *names):
 
 
 def _check_shapes(d: Drafter, rep: Report):
-    h, th = d.hidden, d.target_hidden
-    name, shape = _shape(d, "fc.weight")
-    if shape is None:
-        rep.add("error", "fc.weight", "missing", "the drafter checkpoint must contain fc.weight")
-    elif len(shape) == 2 and shape[1] == 4 * th:
-        rep.add("error", "fc.weight", f"shape {list(shape)} fuses 4 hidden states; EAGLE-3 engines build fc "
-                f"for 3 (expected [{h}, {3 * th}])",
-                "retrain/export without the final-layer state in fc (3 aux layers)")
-    elif tuple(shape) != (h, 3 * th):
-        rep.add("error", "fc.weight", f"shape {list(shape)}, expected [{h}, {3 * th}]",
-                "export the drafter for this target's hidden size")
+    h = d.hidden
     if d.fmt == "mla":
-        return  # MLA projections (q_a/kv_a/...) are checked by the engine's own loader
+        fc_shape(d, 3, rep)  # the MLA head fuses three; its q_a/kv_a/... are checked by the engine's own loader
+        return
     heads, hd = d.heads, d.head_dim
     kv = d._int("num_key_value_heads", d.layer) or heads
     inter = d._int("intermediate_size", d.layer)
@@ -465,21 +317,40 @@ def _check_vocab(d: Drafter, t: TargetModel, rep: Report):
 def _check_eos(ids: set[int], t: TargetModel, rep: Report):
     eos = t.eos_ids()
     eot, names = end_of_turn_ids(t)
-    stops = eot or eos  # without tokenizer files every stop id of the target counts as an end of turn
+    gen = _eos_list(t.generation.get("eos_token_id"))
+    # What settles the turn end: the chat template's end-of-turn tokens (tokenizer files), else the stop ids of
+    # generation_config.json. config.json's eos_token_id alone is often the document end, not the turn end
+    # (gpt-oss: <|return|>, while the template ends an assistant message with <|end|>).
+    stops, settled = (eot, True) if eot else (gen, True) if gen else (eos, False)
     if not stops:
         return
+
     def label(xs) -> str:
         return ", ".join(f"{x} {names[x]!r}" if x in names else str(x) for x in sorted(xs))
+    if not stops & ids and not settled:
+        rep.add("warning", "d2t", f"config.json's eos_token_id ({label(stops)}) is not in the draft vocabulary, "
+                "and the target directory holds no tokenizer_config.json, chat_template.jinja or "
+                "generation_config.json to say which token ends a chat turn: not checked",
+                "put the target's tokenizer_config.json (or chat_template.jinja) or generation_config.json beside "
+                "its config.json and check again")
+        return
     if not stops & ids:
-        rep.add("error", "d2t", f"no end-of-turn token of the target ({label(stops)}) is in the draft "
+        where = "the chat template's end-of-turn token" if eot else "generation_config.json's eos_token_id"
+        rep.add("error", "d2t", f"no end-of-turn token of the target ({where}: {label(stops)}) is in the draft "
                 "vocabulary: drafts never propose the end of a turn", "rebuild d2t with the chat template's "
                 "end-of-turn and special tokens forced in")
         return
-    doc = sorted(eos - ids - (eot & ids))
+    doc = sorted(eos - ids - (stops & ids))
     if doc:
         rep.add("info", "d2t", f"document EOS id(s) {label(doc)} are not in the draft vocabulary (the "
                 f"end-of-turn token {label(stops & ids)} is): chat turns end normally; raw completions that stop "
                 "only at the document EOS are verified by the target")
+
+
+def _eos_list(v) -> set[int]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return {v}
+    return {x for x in v if isinstance(x, int) and not isinstance(x, bool)} if isinstance(v, list) else set()
 
 
 def _legacy_layer_names(d: Drafter, a: EngineAdapter) -> bool:
@@ -498,23 +369,6 @@ def _check_names(d: Drafter, a: EngineAdapter, rep: Report):
                 "EAGLE-3 loader only matches midlayer.* and silently drops the rest (random decoder layer)",
                 CONVERT.format(engine=engine) + " (renames layers.0. -> midlayer.)")
 
-
-# --- aux layers -------------------------------------------------------------------------------------------
-def trained_taps(d: Drafter) -> tuple[list[int] | None, str]:
-    """The taps the drafter was trained on, in vLLM numbering, and where they were read."""
-    top, nested = d.top_aux(), d.nested_aux()
-    if _ids_ok(top):
-        return list(top), "top-level eagle_aux_hidden_state_layer_ids (vLLM numbering)"
-    if _ids_ok(nested):
-        return [x + 1 for x in nested], "eagle_config.eagle_aux_hidden_state_layer_ids (SGLang numbering)"
-    return None, "no aux ids in the config"
-
-
-def engine_taps(d: Drafter, t: TargetModel, engine: str, version: str) -> tuple[list[int] | None, str]:
-    """The taps (vLLM numbering) the engine version captures for this config; None when not pinned down."""
-    top, nested = d.top_aux(), d.nested_aux()
-    return get_adapter(engine, version).drafter_taps(top if _ids_ok(top) else None, nested if _ids_ok(nested) else None,
-                                                     default_aux(t.layers), t.is_kimi_or_deepseek)
 
 
 def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Report):
@@ -571,128 +425,3 @@ def _check_norm(d: Drafter, a: EngineAdapter, rep: Report):
                 f"serve this drafter with {a.drafter_fallback}")
 
 
-# ---------------------------------------------------------------------------------------------------------
-def _link_or_copy(src: Path, dst: Path):
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
-def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version: str | None = None) -> dict:
-    """Write an engine-ready copy of the drafter in ``out``; refuse, saying why, when no correct conversion
-    exists. Fixes: architecture name, speculators verifier / flattening, aux-id keys, num_hidden_layers from
-    the tensors, draft_vocab_size for a shared lm_head, and the layers.0./midlayer. layout.
-
-    ``out`` is written beside itself and renamed into place (:mod:`specdeploy.outdir`): it must not exist, or be
-    a previous conversion; anything else there is refused and left alone, and a failed conversion leaves nothing."""
-    from .outdir import atomic_output_dir, check_target
-    inputs = (Path(drafter_dir), Path(target_dir))
-    check_target(out, CONVERT_CMD, inputs, _previous_conversion)
-    try:
-        with atomic_output_dir(out, CONVERT_CMD, inputs, _previous_conversion) as staged:
-            return _convert_into(drafter_dir, target_dir, engine, staged, version)
-    except SpecdeployError as exc:
-        if "staged" not in locals():
-            raise
-        # findings on the staged copy name the path it was going to have
-        raise SpecdeployError([dataclasses.replace(f, message=f.message.replace(str(staged), str(out)))
-                               for f in exc.problems]) from None
-
-
-CONVERT_CMD = "drafter convert"
-
-
-def _previous_conversion(path: Path) -> bool:
-    """A conversion written before outputs were marked: it holds the conversion record."""
-    return (path / META_FILE).is_file() and (path / "config.json").is_file()
-
-
-def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version: str | None = None) -> dict:
-    """The conversion, written into the new, empty directory ``out``."""
-    version = resolve_version(engine, version)
-    a = get_adapter(engine, version)
-    facts = a.DRAFTER
-    pre = check(drafter_dir, target_dir, engine, version)
-    blocking = [f for f in pre.errors if not is_convertible(f)]
-    if blocking:
-        raise SpecdeployError([Finding("error", f.subject, f"cannot convert: {f.message}", f.fix)
-                               for f in blocking])
-    d, t = Drafter.load(drafter_dir), TargetModel.load(target_dir)
-    trained, source = trained_taps(d)
-    taps = trained or default_aux(t.layers)
-    nbr = d.norm_before_residual(engine)
-    cfg = json.loads(json.dumps(d.config))
-    actions = []
-    if d.fmt == "speculators" and not facts["reads_speculators"]:
-        flat = dict(d.layer)
-        flat.update({"architectures": [facts["convert_archs"]["llama"]], "draft_vocab_size": d.draft_vocab,
-                     "target_hidden_size": d.target_hidden})
-        cfg = flat
-        actions.append(f"flattened the speculators config into {facts['convert_archs']['llama']} for {a.label}")
-    elif d.fmt == "speculators":
-        sc = cfg.setdefault("speculators_config", {})
-        if not isinstance(sc.get("verifier"), dict) or not isinstance(sc["verifier"].get("name_or_path"), str):
-            sc["verifier"] = {"name_or_path": str(target_dir.resolve()), "architectures": t.architectures}
-            actions.append(f"recorded the target {target_dir} as speculators_config.verifier")
-    elif any(f.subject == "architectures" for f in pre.errors):
-        want = facts["convert_archs"].get(d.fmt) or facts["convert_archs"]["llama"]
-        actions.append(f"architectures {cfg.get('architectures')} -> [{want}]")
-        cfg["architectures"] = [want]
-    as_speculators = d.fmt == "speculators" and facts["reads_speculators"]
-    layer_cfg = cfg["transformer_layer_config"] if as_speculators else cfg
-    have = d.tensor_layers()
-    if d.tensors and have and len(have) != d.num_layers:
-        layer_cfg["num_hidden_layers"] = len(have)
-        actions.append(f"num_hidden_layers {d.num_layers} -> {len(have)} (the layers the checkpoint holds)")
-    if any(f.subject == "lm_head.weight" and is_convertible(f) for f in pre.errors):
-        cfg.pop("draft_vocab_size", None)
-        actions.append(f"dropped draft_vocab_size (= vocab_size) so {a.label} loads the target's lm_head")
-    nested = a.drafter_nested_ids(taps, t.is_kimi_or_deepseek)
-    if as_speculators:
-        cfg["eagle_aux_hidden_state_layer_ids"] = taps
-    else:
-        cfg["eagle_aux_hidden_state_layer_ids"] = taps
-        ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
-        cfg["eagle_config"] = dict(ec, eagle_aux_hidden_state_layer_ids=nested, use_aux_hidden_state=True)
-    actions.append(f"aux layers from {source if trained else 'the target default'}: vLLM ids {taps} (top level)"
-                   + ("" if as_speculators else f", SGLang ids {nested} (eagle_config)"))
-    if "norm_before_residual" not in d.config or d.fmt == "speculators":
-        cfg["norm_before_residual"] = nbr
-        actions.append(f"norm_before_residual written explicitly as {nbr}")
-    rename = _legacy_layer_names(d, a)
-
-    def renamed(s: str) -> str:
-        return ("midlayer." + s[len("layers.0."):] if s.startswith("layers.0.") else
-                "model.midlayer." + s[len("model.layers.0."):] if s.startswith("model.layers.0.") else s)
-
-    tmp = out
-    renamed_total = 0
-    for f in sorted(drafter_dir.iterdir()):
-        if f.name in ("config.json", META_FILE) or not f.is_file():
-            continue
-        if f.suffix == ".safetensors" and rename:
-            n = rewrite_names(f, tmp / f.name, renamed)
-            if n == 0:
-                (tmp / f.name).unlink()
-                _link_or_copy(f, tmp / f.name)
-            renamed_total += n
-        elif f.name == INDEX_FILE and rename:
-            idx = json.loads(f.read_text())
-            idx["weight_map"] = {renamed(k): v for k, v in idx.get("weight_map", {}).items()}
-            (tmp / f.name).write_text(json.dumps(idx, indent=1))
-        else:
-            _link_or_copy(f, tmp / f.name)
-    if renamed_total:
-        actions.append(f"renamed {renamed_total} tensors layers.0.* -> midlayer.* for {a.label} {version}")
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    meta = {"engine": engine, "engine_version": version, "source": str(drafter_dir.resolve()),
-            "target": str(target_dir.resolve()), "format": d.fmt, "actions": actions,
-            "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    post = check(out, target_dir, engine, version)
-    if not post.ok:
-        raise SpecdeployError([Finding("error", f.subject, f"converted drafter still fails: {f.message}", f.fix)
-                               for f in post.errors])
-    meta["check"] = post.to_dict()
-    return meta

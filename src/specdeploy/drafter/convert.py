@@ -1,0 +1,174 @@
+"""`drafter convert`: an engine-ready copy of a drafter, or a refusal saying why none exists."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from ..engines import get_adapter
+from ..errors import Finding, Report, SpecdeployError
+from ..modelcfg import TargetModel
+from ..safetensors_io import INDEX_FILE, rewrite_names
+from .head import SWITCHES, check_head
+from .head import trained as head_trained
+from .model import META_FILE, Drafter, default_aux, is_convertible, resolve_version, trained_taps
+from .rules import _legacy_layer_names, check
+
+# ---------------------------------------------------------------------------------------------------------
+def _link_or_copy(src: Path, dst: Path):
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version: str | None = None) -> dict:
+    """Write an engine-ready copy of the drafter in ``out``; refuse, saying why, when no correct conversion
+    exists. Fixes: architecture name, speculators verifier / flattening, aux-id keys, num_hidden_layers from
+    the tensors, draft_vocab_size for a shared lm_head, and the layers.0./midlayer. layout.
+
+    ``out`` is written beside itself and renamed into place (:mod:`specdeploy.outdir`): it must not exist, or be
+    a previous conversion; anything else there is refused and left alone, and a failed conversion leaves nothing."""
+    from ..outdir import atomic_output_dir, check_target
+    inputs = (Path(drafter_dir), Path(target_dir))
+    check_target(out, CONVERT_CMD, inputs, _previous_conversion)
+    try:
+        with atomic_output_dir(out, CONVERT_CMD, inputs, _previous_conversion) as staged:
+            return _convert_into(drafter_dir, target_dir, engine, staged, version)
+    except SpecdeployError as exc:
+        if "staged" not in locals():
+            raise
+        # findings on the staged copy name the path it was going to have
+        raise SpecdeployError([dataclasses.replace(f, message=f.message.replace(str(staged), str(out)))
+                               for f in exc.problems]) from None
+
+
+CONVERT_CMD = "drafter convert"
+
+
+def _previous_conversion(path: Path) -> bool:
+    """A conversion written before outputs were marked: it holds the conversion record."""
+    return (path / META_FILE).is_file() and (path / "config.json").is_file()
+
+
+def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version: str | None = None) -> dict:
+    """The conversion, written into the new, empty directory ``out``."""
+    version = resolve_version(engine, version)
+    a = get_adapter(engine, version)
+    facts = a.DRAFTER
+    pre = check(drafter_dir, target_dir, engine, version)
+    blocking = [f for f in pre.errors if not is_convertible(f)]
+    if blocking:
+        raise SpecdeployError([Finding("error", f.subject, f"cannot convert: {f.message}", f.fix)
+                               for f in blocking])
+    d, t = Drafter.load(drafter_dir), TargetModel.load(target_dir)
+    trained, source = trained_taps(d)
+    taps = trained or default_aux(t.layers)
+    nbr = d.norm_before_residual(engine)
+    cfg = json.loads(json.dumps(d.config))
+    actions = []
+    if d.fmt == "speculators" and not facts["reads_speculators"]:
+        flat = dict(d.layer)
+        flat.update({"architectures": [facts["convert_archs"]["llama"]], "draft_vocab_size": d.draft_vocab,
+                     "target_hidden_size": d.target_hidden})
+        kept = {k: d.config[k] for k in SWITCHES if d.config.get(k) is not None and k not in flat}
+        flat.update(kept)  # the head's switches live at the speculators top level: the flat head reads them there
+        cfg = flat
+        if kept:
+            actions.append(f"kept {', '.join(f'{k}: {v}' for k, v in kept.items())} in the flat config")
+        actions.append(f"flattened the speculators config into {facts['convert_archs']['llama']} for {a.label}")
+    elif d.fmt == "speculators":
+        sc = cfg.setdefault("speculators_config", {})
+        if not isinstance(sc.get("verifier"), dict) or not isinstance(sc["verifier"].get("name_or_path"), str):
+            sc["verifier"] = {"name_or_path": str(target_dir.resolve()), "architectures": t.architectures}
+            actions.append(f"recorded the target {target_dir} as speculators_config.verifier")
+    elif any(f.subject == "architectures" for f in pre.errors):
+        want = facts["convert_archs"].get(d.fmt) or facts["convert_archs"]["llama"]
+        actions.append(f"architectures {cfg.get('architectures')} -> [{want}]")
+        cfg["architectures"] = [want]
+    as_speculators = d.fmt == "speculators" and facts["reads_speculators"]
+    layer_cfg = cfg["transformer_layer_config"] if as_speculators else cfg
+    have = d.tensor_layers()
+    if d.tensors and have and len(have) != d.num_layers:
+        layer_cfg["num_hidden_layers"] = len(have)
+        actions.append(f"num_hidden_layers {d.num_layers} -> {len(have)} (the layers the checkpoint holds)")
+    if "lm_head.weight" in d.tensors and layer_cfg.get("tie_word_embeddings") is True:
+        layer_cfg["tie_word_embeddings"] = False
+        actions.append("tie_word_embeddings true -> false: the drafter has its own trained lm_head.weight")
+    if any(f.subject == "lm_head.weight" and is_convertible(f) for f in pre.errors):
+        cfg.pop("draft_vocab_size", None)
+        actions.append(f"dropped draft_vocab_size (= vocab_size) so {a.label} loads the target's lm_head")
+    nested = a.drafter_nested_ids(taps, t.is_kimi_or_deepseek)
+    if head_trained(d, "use_aux_hidden_state") is False:
+        actions.append("eagle_config.use_aux_hidden_state false kept: the head takes no aux states, no aux ids "
+                       "written")
+    elif as_speculators:
+        cfg["eagle_aux_hidden_state_layer_ids"] = taps
+    else:
+        cfg["eagle_aux_hidden_state_layer_ids"] = taps
+        ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+        cfg["eagle_config"] = dict(ec, eagle_aux_hidden_state_layer_ids=nested, use_aux_hidden_state=True)
+    if head_trained(d, "use_aux_hidden_state") is not False:
+        actions.append(f"aux layers from {source if trained else 'the target default'}: vLLM ids {taps} (top "
+                       "level)" + ("" if as_speculators else f", SGLang ids {nested} (eagle_config)"))
+    if "norm_before_residual" not in d.config or d.fmt == "speculators":
+        cfg["norm_before_residual"] = nbr
+        actions.append(f"norm_before_residual written explicitly as {nbr}")
+    rename = _legacy_layer_names(d, a)
+
+    def renamed(s: str) -> str:
+        return ("midlayer." + s[len("layers.0."):] if s.startswith("layers.0.") else
+                "model.midlayer." + s[len("model.layers.0."):] if s.startswith("model.layers.0.") else s)
+
+    _refuse_losses(d, cfg, layer_cfg, renamed if rename else None, a, t)
+    tmp = out
+    renamed_total = 0
+    for f in sorted(drafter_dir.iterdir()):
+        if f.name in ("config.json", META_FILE) or not f.is_file():
+            continue
+        if f.suffix == ".safetensors" and rename:
+            n = rewrite_names(f, tmp / f.name, renamed)
+            if n == 0:
+                (tmp / f.name).unlink()
+                _link_or_copy(f, tmp / f.name)
+            renamed_total += n
+        elif f.name == INDEX_FILE and rename:
+            idx = json.loads(f.read_text())
+            idx["weight_map"] = {renamed(k): v for k, v in idx.get("weight_map", {}).items()}
+            (tmp / f.name).write_text(json.dumps(idx, indent=1))
+        else:
+            _link_or_copy(f, tmp / f.name)
+    if renamed_total:
+        actions.append(f"renamed {renamed_total} tensors layers.0.* -> midlayer.* for {a.label} {version}")
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    meta = {"engine": engine, "engine_version": version, "source": str(drafter_dir.resolve()),
+            "target": str(target_dir.resolve()), "format": d.fmt, "actions": actions,
+            "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    post = check(out, target_dir, engine, version)
+    if not post.ok:
+        raise SpecdeployError([Finding("error", f.subject, f"converted drafter still fails: {f.message}", f.fix)
+                               for f in post.errors])
+    meta["check"] = post.to_dict()
+    return meta
+
+
+LOSSES = ("tensor names", "missing tensors", "tensor shapes", "tie_word_embeddings") + SWITCHES
+
+
+def _refuse_losses(d: Drafter, cfg: dict, layer_cfg: dict, rename, a, t: TargetModel):
+    """Refuse a conversion whose result would lose trained weights or norms on this release (a head that
+    drops or cannot place checkpoint tensors, or runs without a switch the drafter was trained with)."""
+    fmt = "speculators" if "speculators_model_type" in cfg else d.fmt if d.fmt != "speculators" else "llama"
+    tensors = {(rename(n) if rename else n): ti for n, ti in d.tensors.items()}
+    after = Drafter(d.path, cfg, fmt, layer_cfg if fmt == "speculators" else cfg, tensors, d.bin_files)
+    rep = Report()
+    check_head(after, t, a, rep)
+    lost = [f for f in rep.errors if f.subject in LOSSES]
+    if lost:
+        raise SpecdeployError([Finding("error", f.subject, f"cannot convert: the converted drafter would lose "
+                                       f"trained weights on {a.label} {a.version}: {f.message}", f.fix)
+                               for f in lost])

@@ -1,0 +1,193 @@
+"""The drafter as the doctor sees it: its config, format and checkpoint tensor names and shapes (never the
+weights), the target's end-of-turn tokens, and the aux-layer taps trained and captured.
+
+Aux-layer numbering: vLLM and speculators number a tap L as the input of layer L and read the top-level
+``eagle_aux_hidden_state_layer_ids``; SGLang, SpecForge and TorchSpec number it as the output of layer L
+(vLLM id - 1) and read ``eagle_config.eagle_aux_hidden_state_layer_ids``. Internally taps are vLLM numbers.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..engines import UnsupportedVersion, get, get_adapter, names
+from ..errors import Finding, SpecdeployError
+from ..modelcfg import TargetModel, load_json
+from ..safetensors_io import SafetensorsError, TensorInfo, bin_only, checkpoint_tensors
+
+META_FILE = "specdeploy-conversion.json"
+CONVERT = "run `specdeploy drafter convert --engine {engine}`"
+LAYER_RE = re.compile(r"^(?:layers\.(\d+)|midlayer)\.")
+EOT_RE = re.compile(r"im_end|eot|end_of_turn|<\|end\|>|<\|return\|>|<\|call\|>|eom_id|end_of_message", re.IGNORECASE)
+
+
+def is_convertible(f: Finding) -> bool:
+    """Findings that `drafter convert` fixes (the drafter role converts before the engine starts)."""
+    return f.fix.startswith("run `specdeploy drafter convert")
+
+
+def _unknown_engine(engine: str) -> Finding:
+    return Finding("error", "--engine", f"unknown engine '{engine}'", f"use {' or '.join(names())}")
+
+
+def resolve_version(engine: str, version: str | None) -> str:
+    try:
+        versions = get(engine).versions
+    except UnsupportedVersion:
+        raise SpecdeployError([_unknown_engine(engine)]) from None
+    if version is None:
+        return versions[-1]
+    if version not in versions:
+        raise SpecdeployError([Finding("error", "--engine-version", f"{engine} {version} is not a version "
+                                       "specdeploy knows", f"use one of {', '.join(versions)}")])
+    return version
+
+
+@dataclass
+class Drafter:
+    path: Path
+    config: dict
+    fmt: str  # llama | speculators | mla | unknown
+    layer: dict  # the decoder-layer config
+    tensors: dict[str, TensorInfo]
+    bin_files: list[str]
+
+    @classmethod
+    def load(cls, path: Path) -> Drafter:
+        cfg = load_json(path / "config.json", "drafter config.json")
+        if not isinstance(cfg, dict):
+            raise SpecdeployError([Finding("error", "drafter config.json", f"{path / 'config.json'} is not a "
+                                           "JSON object", "restore the drafter's config.json")])
+        archs = [a for a in (cfg.get("architectures") or []) if isinstance(a, str)]
+        if cfg.get("speculators_model_type") == "eagle3":
+            tlc = cfg.get("transformer_layer_config")
+            fmt, layer = "speculators", dict(tlc) if isinstance(tlc, dict) else {}
+        elif any("Deepseek" in a and "Eagle3" in a for a in archs):
+            fmt, layer = "mla", cfg
+        elif any("eagle3" in a.lower() for a in archs) or "LlamaForCausalLM" in archs:
+            fmt, layer = "llama", cfg
+        else:
+            fmt, layer = "unknown", cfg
+        try:
+            ts = checkpoint_tensors(path)
+        except SafetensorsError as exc:
+            raise SpecdeployError([Finding("error", "safetensors", str(exc),
+                                           "re-download or re-export the drafter checkpoint")]) from None
+        # vLLM and SGLang both strip a leading "model." when loading
+        ts = {n.removeprefix("model."): t for n, t in ts.items()}
+        return cls(path, cfg, fmt, layer, ts, bin_only(path))
+
+    def _int(self, key: str, *sources) -> int:
+        for src in sources:
+            v = src.get(key)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+        return 0
+
+    @property
+    def hidden(self) -> int:
+        return self._int("hidden_size", self.layer, self.config)
+
+    @property
+    def target_hidden(self) -> int:
+        return self._int("target_hidden_size", self.config, self.layer) or self.hidden
+
+    @property
+    def vocab(self) -> int:
+        return self._int("vocab_size", self.layer, self.config)
+
+    @property
+    def draft_vocab(self) -> int:
+        return self._int("draft_vocab_size", self.config, self.layer) or self.vocab
+
+    @property
+    def declares_draft_vocab(self) -> bool:
+        return isinstance(self.config.get("draft_vocab_size") or self.layer.get("draft_vocab_size"), int)
+
+    @property
+    def num_layers(self) -> int:
+        return self._int("num_hidden_layers", self.layer) or 1
+
+    @property
+    def heads(self) -> int:
+        return self._int("num_attention_heads", self.layer)
+
+    @property
+    def head_dim(self) -> int:
+        return self._int("head_dim", self.layer) or (self.hidden // self.heads if self.heads else 0)
+
+    def tensor_layers(self) -> set[int]:
+        out = set()
+        for n in self.tensors:
+            m = LAYER_RE.match(n)
+            if m:
+                out.add(int(m.group(1) or 0))
+        return out
+
+    def top_aux(self):
+        return self.config.get("eagle_aux_hidden_state_layer_ids")
+
+    def nested_aux(self):
+        ec = self.config.get("eagle_config")
+        return ec.get("eagle_aux_hidden_state_layer_ids") if isinstance(ec, dict) else None
+
+    def norm_before_residual(self, engine: str) -> bool:
+        """The value the engine runs with (a speculators config without the key: the speculators loader's
+        default, as the engine's table records it; True where it records none)."""
+        if "norm_before_residual" in self.config:
+            return bool(self.config["norm_before_residual"])
+        return self.fmt == "speculators" and get(engine).DRAFTER.get("speculators_norm_before_residual_default", True)
+
+
+def default_aux(layers: int) -> list[int]:
+    return [2, layers // 2, layers - 3]
+
+
+def _ids_ok(ids) -> bool:
+    return isinstance(ids, list) and len(ids) == 3 and all(isinstance(i, int) and not isinstance(i, bool)
+                                                            for i in ids)
+
+
+def end_of_turn_ids(t: TargetModel) -> tuple[set[int], dict[int, str]]:
+    """(end-of-turn token ids of the chat template, names of the target's special tokens) as far as the
+    target's tokenizer_config.json tells; empty when the target directory carries no tokenizer files."""
+    names: dict[int, str] = {}
+    template = ""
+    tc = t.path / "tokenizer_config.json"
+    if tc.is_file():
+        try:
+            data = json.loads(tc.read_text())
+            for k, v in (data.get("added_tokens_decoder") or {}).items():
+                if isinstance(v, dict) and isinstance(v.get("content"), str) and str(k).isdigit():
+                    names[int(k)] = v["content"]
+            ct = data.get("chat_template")
+            template = ct if isinstance(ct, str) else ""
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            pass
+    jinja = t.path / "chat_template.jinja"
+    if jinja.is_file():
+        template += jinja.read_text(errors="replace")
+    eot = {i for i, n in names.items() if EOT_RE.search(n) and (not template or n in template)}
+    return eot, names
+
+
+
+# --- aux layers -------------------------------------------------------------------------------------------
+def trained_taps(d: Drafter) -> tuple[list[int] | None, str]:
+    """The taps the drafter was trained on, in vLLM numbering, and where they were read."""
+    top, nested = d.top_aux(), d.nested_aux()
+    if _ids_ok(top):
+        return list(top), "top-level eagle_aux_hidden_state_layer_ids (vLLM numbering)"
+    if _ids_ok(nested):
+        return [x + 1 for x in nested], "eagle_config.eagle_aux_hidden_state_layer_ids (SGLang numbering)"
+    return None, "no aux ids in the config"
+
+
+def engine_taps(d: Drafter, t: TargetModel, engine: str, version: str) -> tuple[list[int] | None, str]:
+    """The taps (vLLM numbering) the engine version captures for this config; None when not pinned down."""
+    top, nested = d.top_aux(), d.nested_aux()
+    return get_adapter(engine, version).drafter_taps(top if _ids_ok(top) else None, nested if _ids_ok(nested) else None,
+                                                     default_aux(t.layers), t.is_kimi_or_deepseek)
+
