@@ -43,7 +43,8 @@ def test_artifacts_from_older_code_are_rebuilt_and_pass_the_doctor(state):
     model = state / "artifacts" / sandbox.ARTIFACT_MODEL
     assert not (model / "tokenizer_config.json").exists()
     stale = _doctor(state / "artifacts" / sandbox.ARTIFACT_DRAFTER, model)
-    assert any(f.severity == "error" and f.subject == "d2t" for f in stale.findings)  # what a fresh machine saw
+    # without the tokenizer files the doctor cannot tell the turn end, and says so (older rules refused the deploy)
+    assert any(f.severity in ("error", "warning") and f.subject == "d2t" for f in stale.findings)
 
     drafter = sandbox.artifacts()
     assert cache.key_of(state / "artifacts") == sandbox.artifacts_key()
@@ -54,6 +55,7 @@ def test_artifacts_from_older_code_are_rebuilt_and_pass_the_doctor(state):
     assert "<|im_end|>" in tc["chat_template"] and tc["added_tokens_decoder"]["163586"]["content"] == "<|im_end|>"
     rep = _doctor(drafter, model)
     assert not [f for f in rep.findings if f.severity == "error"], rep.findings
+    assert not [f for f in rep.findings if f.subject == "d2t" and f.severity == "warning"], rep.findings
     assert len(list(model.glob("model-*.safetensors"))) == 3  # the old single-shard model is gone
 
 
