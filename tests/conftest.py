@@ -21,3 +21,12 @@ def example_inv(tmp_path) -> Path:
     # keep {{ inventory_dir }}/../../examples working
     (tmp_path / "examples").symlink_to(REPO / "examples")
     return dst
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The generative robustness suite's case count, shown whatever -s/-q say (CI reads it from the log)."""
+    import sys
+    rc = sys.modules.get("robust_cases")
+    if rc is not None and rc.COUNTS:
+        parts = ", ".join(f"{n} {k}" for k, n in sorted(rc.COUNTS.items()))
+        terminalreporter.write_line(f"robustness: {sum(rc.COUNTS.values())} cases run ({parts})")

@@ -10,9 +10,9 @@ from typing import List, Optional
 import typer
 
 from ..engines import DEFAULT as DEFAULT_ENGINE
-from ..errors import Finding, SpecdeployError
+from ..errors import SpecdeployError
 from .app import app
-from .options import ExtraVars, Inventory, Json, Limit, error, fail, known_engine
+from .options import ExtraVars, Inventory, Json, Limit, error, fail, finite, known_engine, output_dir
 
 
 @app.command("preflight")
@@ -108,6 +108,8 @@ def breakeven_cmd(acceptance_length: float = typer.Option(..., "--acceptance-len
                   margin: float = typer.Option(0.10, "--margin"), as_json: bool = Json):
     """Predicted speedup of speculation and whether to keep it."""
     from ..gate import breakeven
+    finite(acceptance_length, "--acceptance-length", 1)
+    finite(step_ratio, "--step-ratio", 0, above=True)
     try:
         b = breakeven(acceptance_length, step_ratio, margin)
     except ValueError as exc:
@@ -123,18 +125,19 @@ def breakeven_cmd(acceptance_length: float = typer.Option(..., "--acceptance-len
 def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(DEFAULT_ENGINE, "--engine"),
              prompts: Optional[Path] = typer.Option(None, "--prompts"),
              concurrency: str = typer.Option("1,8,32", "--concurrency"),
-             requests: Optional[int] = typer.Option(None, "--requests", help="per level; default 4 x c, >= 16"),
-             max_tokens: int = typer.Option(128, "--max-tokens"),
+             requests: Optional[int] = typer.Option(None, "--requests", min=1, help="per level; default 4 x c, >= 16"),
+             max_tokens: int = typer.Option(128, "--max-tokens", min=1),
              baseline: Optional[Path] = typer.Option(None, "--baseline",
                                                      help="report of a run without speculation"),
-             k: Optional[int] = typer.Option(None, "--k", help="draft tokens deployed (default: from metrics)"),
+             k: Optional[int] = typer.Option(None, "--k", min=1, help="draft tokens deployed (default: from metrics)"),
              margin: float = typer.Option(0.10, "--margin"),
              api_key_file: Optional[Path] = typer.Option(None, "--api-key-file"),
              out: Path = typer.Option(Path("gate"), "--out"), as_json: bool = Json):
     """Measure whether speculation pays under a bounded load of real chat prompts; write report + chart."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from ..gate import chart, gate
+    from ..gate import chart, check_baseline, gate, load_prompts
     known_engine(engine)
+    output_dir(out, "--out", "a directory for report.json and report.png")
     try:
         levels = [int(c) for c in concurrency.split(",")]
         assert levels and all(c > 0 for c in levels)
@@ -147,11 +150,9 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
             if baseline else None
         key = read_text(api_key_file, "--api-key-file", "a file holding the API key").strip() \
             if api_key_file else None
-        if base is not None and not (isinstance(base.get("levels_by_concurrency"), dict)
-                                     and isinstance(base.get("levels", []), list)):
-            raise SpecdeployError([Finding("error", "--baseline", f"{baseline} is not a gate report "
-                                           "(no levels_by_concurrency)",
-                                           "give the report.json of a `specdeploy gate` run without speculation")])
+        if base is not None:
+            check_baseline(base, baseline)
+        load_prompts(prompts)
     except SpecdeployError as exc:
         fail(exc)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
