@@ -17,7 +17,7 @@ import math
 import os
 import shutil
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -362,9 +362,9 @@ def file_cases() -> list[Case]:
         c.append(Case(f"extra-vars-file-{kind}", ["plan", "--json", "-i", "{inv}", "-e", "@{bad}"],
                       ("-e", "{bad}"), kind=kind,
                       expect="any" if kind in ("empty", "json_empty", "json_wrong_types", "json_nan", "json_inf",
-                                               "json_negative") else "error",  # any -e variables are allowed
-                      ))
-        c.append(Case(f"plan-out-{kind}", ["plan", "-i", "{inv}", "--out", "{bad}"], ("--out", "{bad}"), kind=kind, writes="{bad}",
+                                               "json_negative") else "error"))  # any -e variables are allowed
+        c.append(Case(f"plan-out-{kind}", ["plan", "-i", "{inv}", "--out", "{bad}"], ("--out", "{bad}"), kind=kind,
+                      writes="{bad}",
                       expect="any" if kind in ("missing", "directory") else "error"))
         c.append(Case(f"inventory-{kind}", ["plan", "--json", "-i", "{bad}"], ("-i", "{bad}"), kind=kind,
                       xfail=INVREAD if kind in ("fifo", "huge_line") else None))
@@ -505,7 +505,8 @@ def argument_cases() -> list[Case]:
                  ("--max-tokens",)),
             Case(f"gate-k-{label}", ["gate", "--url", "{closed}", "--k", v, "--out", "{out}/g"], ("--k",)),
             Case(f"gate-margin-{label}", ["gate", "--url", "{closed}", "--margin", v, "--out", "{out}/g"],
-                 ("--margin",), expect="any" if label == "zero" else "error", xfail=FLOATOPT if label != "zero" else None),
+                 ("--margin",), expect="any" if label == "zero" else "error",
+                 xfail=FLOATOPT if label != "zero" else None),
             Case(f"report-layers-{label}", ["report", "--prometheus", "{closed}", "--layers", v, "--out",
                                             "{out}/r.png"], ("--layers",)),
             Case(f"report-k-{label}", ["report", "--prometheus", "{closed}", "--k", v, "--out", "{out}/r.png"],

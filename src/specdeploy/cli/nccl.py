@@ -30,7 +30,8 @@ def _hidden_from_config(path: Path) -> int:
 
 
 @nccl_app.command("tune")
-def tune_cmd(gpus: int = typer.Option(2, "--gpus", min=1), hidden: Optional[int] = typer.Option(None, "--hidden", min=1),
+def tune_cmd(gpus: int = typer.Option(2, "--gpus", min=1),
+             hidden: Optional[int] = typer.Option(None, "--hidden", min=1),
              model: Optional[Path] = typer.Option(None, "--model", help="Model dir; hidden size from config.json."),
              candidates: Optional[Path] = typer.Option(None, "--candidates", help="YAML/JSON: name -> env."),
              only: Optional[str] = typer.Option(None, "--only", help="Comma list of candidate names to run."),
@@ -134,7 +135,7 @@ def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl
     from ..nccl.choose import ChooseError, choose
     from ..nccl.traffic import TrafficError, traffic, traffic_for_host
 
-    from ..argcheck import read_json, read_text
+    from ..argcheck import read_json
     from ..errors import SpecdeployError
     if mode not in ("eager", "graph"):
         error("--mode", f"unknown mode '{mode}'", "use eager or graph")
