@@ -30,3 +30,34 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("sandbox"):
             item.add_marker(pytest.mark.xdist_group("sandbox"))
+
+
+_WORKER_COUNTS: list[dict] = []
+
+
+def _robust_counts() -> dict:
+    import sys
+    rc = sys.modules.get("robust_cases")
+    return dict(rc.COUNTS) if rc is not None else {}
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: hand the count to the controller
+        session.config.workeroutput["robust_counts"] = _robust_counts()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _WORKER_COUNTS.append(getattr(node, "workeroutput", {}).get("robust_counts") or {})
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The generative robustness suite's case count, shown whatever -s/-q say (CI reads it from the log), summed
+    over the xdist workers."""
+    counts: dict = {}
+    for c in [_robust_counts(), *_WORKER_COUNTS]:
+        for k, n in c.items():
+            counts[k] = counts.get(k, 0) + n
+    if counts:
+        parts = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+        terminalreporter.write_line(f"robustness: {sum(counts.values())} cases run ({parts})")

@@ -120,15 +120,57 @@ def verdict_overrides(report: dict) -> dict:
 
 # ---- measurement --------------------------------------------------------------------------------------
 def load_prompts(path: Path | None = None) -> list[list[dict]]:
+    """JSON lines, each a list of chat messages or an object with ``messages``; a bad file is a finding that
+    names --prompts and the line."""
+    from .argcheck import read_text
+    from .errors import Finding, SpecdeployError
     p = path or PROMPTS
+    what = "JSON lines of chat messages ([{\"role\": \"user\", \"content\": ...}] or {\"messages\": [...]})"
     out = []
-    for line in p.read_text().splitlines():
-        if line.strip():
+    for n, line in enumerate(read_text(p, "--prompts", what).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
             obj = json.loads(line)
-            out.append(obj["messages"] if isinstance(obj, dict) else obj)
+        except ValueError:
+            obj = None
+        msgs = obj.get("messages") if isinstance(obj, dict) else obj
+        if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                        for m in msgs)):
+            raise SpecdeployError([Finding("error", "--prompts", f"{p} line {n} is not a list of chat messages",
+                                           f"give {what}")])
+        out.append(msgs)
     if not out:
-        raise ValueError(f"{p} holds no prompts")
+        raise SpecdeployError([Finding("error", "--prompts", f"{p} holds no prompts", f"give {what}")])
     return out
+
+
+def check_baseline(base, path) -> None:
+    """A --baseline report as `specdeploy gate` writes it: levels_by_concurrency maps concurrency levels to
+    levels with a finite output_tps >= 0; levels is a list of such levels. Raises SpecdeployError otherwise."""
+    import math
+
+    from .errors import Finding, SpecdeployError
+
+    def bad(what: str):
+        raise SpecdeployError([Finding("error", "--baseline", f"{path} is not a gate report ({what})",
+                                       "give the report.json of a `specdeploy gate` run without speculation")])
+
+    def number(v, name, where):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or v < 0):
+            bad(f"{where}: {name} is {v!r}, not a finite number >= 0")
+
+    lbc, levels = base.get("levels_by_concurrency"), base.get("levels", [])
+    if not isinstance(lbc, dict) or not isinstance(levels, list):
+        bad("no levels_by_concurrency")
+    for c, lv in list(lbc.items()) + [(f"levels[{i}]", lv) for i, lv in enumerate(levels)]:
+        if not str(c).isdigit() and not str(c).startswith("levels["):
+            bad(f"level '{c}' is not a concurrency")
+        if not isinstance(lv, dict):
+            bad(f"level {c} is not an object")
+        for name in ("output_tps", "errors", "requests"):
+            number(lv.get(name), name, f"level {c}")
 
 
 def read_metrics(url: str, engine: str, headers: dict | None = None) -> Sample:

@@ -12,7 +12,14 @@ import typer
 from ..errors import SpecdeployError
 from .app import app
 from .options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail, known_engine,
-                      vault)
+                      output_dir, vault)
+
+
+
+def _limit(limit: str | None) -> str | None:
+    if limit is not None and not limit.strip():
+        error("--limit", "is empty", "give hosts or groups of the inventory, or leave --limit out")
+    return limit
 
 engine_app = typer.Typer(no_args_is_help=True, help="Engine command lines.")
 schema_app = typer.Typer(no_args_is_help=True, help="The inventory schema: docs and Ansible argument specs.")
@@ -27,6 +34,9 @@ def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
     """Render, for every host, the units, environment, command line and scrape config a deploy installs."""
     from ..inventory import parse_extra_vars
     from ..plan import plan, write_out
+    _limit(limit)
+    if out_dir is not None:
+        output_dir(out_dir, "--out", "a directory for the rendered files")
     try:
         secrets = vault(vault_id, vault_password_file)
         _, plans, prom = plan(inventory, limit, parse_extra_vars(extra_vars, secrets), secrets)
@@ -34,6 +44,8 @@ def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
             write_out(out_dir, plans, prom)
     except SpecdeployError as exc:
         fail(exc)
+    except OSError as exc:
+        error("--out", f"cannot write {exc.filename or out_dir} ({exc.strerror or exc})", "give a writable directory")
     if as_json:
         print(json.dumps({"hosts": {h: p.to_dict() for h, _, p in plans}, "prometheus": prom}, indent=2))
         return
@@ -91,6 +103,8 @@ def engine_image(engine: str = typer.Option(..., "--engine"), version: str = typ
     from ..engines import UnsupportedVersion, get
     from ..images import image_tag, upstream_image
     from ..patches import patch_set_id, required_patches
+    if patches not in ("auto", "none"):
+        error("--patches", f"unknown patch mode '{patches}'", "use auto or none")
     try:
         info = {"tag": image_tag(engine, version, patches), "base": upstream_image(engine, version),
                 "patch_set": patch_set_id(engine, version, patches),
@@ -100,7 +114,7 @@ def engine_image(engine: str = typer.Option(..., "--engine"), version: str = typ
                                "PATCH_SET": patch_set_id(engine, version, patches)}}
     except (UnsupportedVersion, KeyError) as exc:
         error("--version", str(exc).strip("'\""), "use a supported engine and version")
-    if field:
+    if field is not None:
         if field not in info:
             error("--field", f"unknown field '{field}'", f"use one of {', '.join(info)}")
         print(info[field] if not isinstance(info[field], (dict, list)) else json.dumps(info[field]))
@@ -130,12 +144,15 @@ def wheelhouse_cmd(out: Path = typer.Option(..., "--out"),
                                                         help="hosts' PY_VERSION:MACHINE:GLIBC, e.g. 3.11:x86_64:2.36")):
     """Build the wheelhouse hosts install specdeploy from (offline), for the hosts' Python; prints its stamp."""
     from ..wheelhouse import TargetError, build
+    output_dir(out, "--out", "a directory for the wheels")
+    if target is not None and not target.strip():
+        error("--target", "is empty", "give PY_VERSION:MACHINE:GLIBC, e.g. 3.11:x86_64:2.36, or leave it out")
     try:
         print(build(out, target))
     except SpecdeployError as exc:
         fail(exc)
     except TargetError as exc:
-        error("--target", str(exc))
+        error("--target", str(exc), "give PY_VERSION:MACHINE:GLIBC, e.g. 3.11:x86_64:2.36")
 
 
 @schema_app.command("docs")

@@ -44,7 +44,16 @@ def convert_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Op
                                                    help="rules of this engine release (default: the newest known)"),
                 as_json: bool = Json):
     """Write an engine-ready copy: architecture name, layout, explicit aux ids, layer count, verifier."""
-    from ..drafter import convert
+    from ..drafter import META_FILE, convert
+    from .options import error, output_dir
+    output_dir(out, "--out", "a new directory for the converted drafter")
+    res = out.resolve()
+    for p, what in ((drafter_dir, "the drafter"), (target, "the target model")):
+        if p.exists() and (res == p.resolve() or p.resolve() in res.parents or res in p.resolve().parents):
+            error("--out", f"{out} is or holds {what} ({p})", "give a new directory beside them")
+    if out.is_dir() and any(out.iterdir()) and not (out / META_FILE).is_file():
+        error("--out", f"{out} is a directory that is not an earlier conversion (no {META_FILE}); converting "
+              "would replace it", "give a new or empty directory, or an earlier `drafter convert` output")
     try:
         meta = convert(drafter_dir, target, engine, out, engine_version)
     except SpecdeployError as exc:

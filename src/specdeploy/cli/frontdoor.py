@@ -229,8 +229,8 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
                range_: str = typer.Option("1h", "--range", help="30m, 1h, 6h, ..."),
                nccl: Optional[Path] = typer.Option(None, "--nccl", help="`specdeploy nccl tune` result JSON, "
                                                    "for the all-reduce share"),
-               layers: int = typer.Option(61, "--layers", help="decoder layers (Kimi-K2.5 / DeepSeek-V3: 61)"),
-               k: int = typer.Option(3, "--k", help="draft tokens per step"),
+               layers: int = typer.Option(61, "--layers", min=1, help="decoder layers (Kimi-K2.5 / DeepSeek-V3: 61)"),
+               k: int = typer.Option(3, "--k", min=0, help="draft tokens per step"),
                out: Path = typer.Option(Path("report.png"), "--out"),
                as_json: bool = Json, vault_id: Optional[List[str]] = VaultIds,
                vault_password_file: Optional[List[str]] = VaultPasswordFiles):
@@ -247,6 +247,8 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
               "give a count of at least 1")
     if not prometheus and not inventory:
         error("--prometheus", "no Prometheus given", "give --prometheus URL or -i INVENTORY (its monitoring host)")
+    from .options import output_file
+    output_file(out, "--out", "a PNG file path")
     nccl_data = None
     if nccl:
         from ..argcheck import read_json
@@ -254,6 +256,11 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
             nccl_data = read_json(nccl, "--nccl", "a `specdeploy nccl tune` result JSON")
         except SpecdeployError as exc:
             fail(exc)
+        from ..nccl.choose import ChooseError, check_results
+        try:
+            check_results(nccl_data, str(nccl))
+        except ChooseError as exc:
+            error("--nccl", str(exc), "give the results file `specdeploy nccl tune` wrote")
     urls = [prometheus] if prometheus else []
     if inventory:
         try:

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from .options import Json, VaultIds, VaultPasswordFiles, error, fail, inventory_optional, vault
+from .options import Json, VaultIds, VaultPasswordFiles, error, fail, finite, inventory_optional, output_file, vault
 
 nccl_app = typer.Typer(no_args_is_help=True, help="Measure and choose the NCCL environment.")
 
@@ -18,7 +18,10 @@ def _hidden_from_config(path: Path) -> int:
     try:
         cfg = read_json_object(path / "config.json" if path.is_dir() else path, "--model",
                                "a model directory with a config.json")
-        return int(cfg.get("text_config", cfg)["hidden_size"])
+        hidden = cfg.get("text_config", cfg)["hidden_size"]
+        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
+            raise ValueError(hidden)
+        return hidden
     except SpecdeployError as exc:
         fail(exc)
     except (KeyError, TypeError, ValueError, AttributeError):
@@ -27,13 +30,14 @@ def _hidden_from_config(path: Path) -> int:
 
 
 @nccl_app.command("tune")
-def tune_cmd(gpus: int = typer.Option(2, "--gpus"), hidden: Optional[int] = typer.Option(None, "--hidden"),
+def tune_cmd(gpus: int = typer.Option(2, "--gpus", min=1),
+             hidden: Optional[int] = typer.Option(None, "--hidden", min=1),
              model: Optional[Path] = typer.Option(None, "--model", help="Model dir; hidden size from config.json."),
              candidates: Optional[Path] = typer.Option(None, "--candidates", help="YAML/JSON: name -> env."),
              only: Optional[str] = typer.Option(None, "--only", help="Comma list of candidate names to run."),
              base_env: Optional[List[str]] = typer.Option(None, "--base-env", help="K=V added to every run."),
              pcie: bool = typer.Option(False, "--pcie", help="Add the P2P-level candidates."),
-             modes: str = typer.Option("eager,graph", "--modes"), iters: int = typer.Option(50, "--iters"),
+             modes: str = typer.Option("eager,graph", "--modes"), iters: int = typer.Option(50, "--iters", min=1),
              timeout: float = typer.Option(180, "--timeout"),
              rounds: int = typer.Option(1, "--rounds", min=1,
                                         help="Rounds; each runs every candidate in a freshly shuffled order."),
@@ -48,16 +52,29 @@ def tune_cmd(gpus: int = typer.Option(2, "--gpus"), hidden: Optional[int] = type
     from .. import nccl as n
     from ..nccl.tune import tune
 
+    from ..argcheck import read_text
+    from ..errors import SpecdeployError
+    finite(timeout, "--timeout", 0, above=True)
+    mode_list = modes.split(",")
+    if not all(m in ("eager", "graph") for m in mode_list):
+        error("--modes", f"'{modes}' is not a list of eager and graph", "give eager, graph or eager,graph")
+    output_file(out, "--out", "a JSON file path for the results")
     if hidden is None:
         hidden = _hidden_from_config(model) if model else 7168
     cands = n.default_candidates(pcie=pcie)
     if candidates:
-        if not candidates.is_file():
-            error("--candidates", f"{candidates} does not exist", "give a YAML/JSON file: name -> env")
-        loaded = yaml.safe_load(candidates.read_text())
+        try:
+            loaded = yaml.safe_load(read_text(candidates, "--candidates", "a YAML/JSON file: name -> env"))
+        except SpecdeployError as exc:
+            fail(exc)
+        except yaml.YAMLError as exc:
+            error("--candidates", f"{candidates} is not YAML/JSON ({str(exc).splitlines()[0]})",
+                  "give a YAML/JSON file: name -> env")
         if not isinstance(loaded, dict) or not all(isinstance(v, dict) for v in loaded.values()):
             error("--candidates", f"{candidates} must map names to environment mappings",
                   "give a YAML/JSON file: name -> env")
+        if not loaded:
+            error("--candidates", f"{candidates} names no candidates", "give a YAML/JSON file: name -> env")
         cands = {"default": {}, **{k: {kk: str(vv) for kk, vv in v.items()} for k, v in loaded.items()}}
     if only:
         names = only.split(",")
@@ -65,7 +82,7 @@ def tune_cmd(gpus: int = typer.Option(2, "--gpus"), hidden: Optional[int] = type
         if unknown:
             error("--only", f"unknown candidates {unknown}", f"use some of {', '.join(cands)}")
         cands = {k: v for k, v in cands.items() if k in names}
-    bad = [kv for kv in base_env or [] if "=" not in kv]
+    bad = [kv for kv in base_env or [] if not kv.partition("=")[0].strip() or "=" not in kv]
     if bad:
         error("--base-env", f"{bad[0]!r} is not KEY=VALUE", "give KEY=VALUE")
     base = dict(kv.split("=", 1) for kv in base_env or [])
@@ -80,11 +97,18 @@ def tune_cmd(gpus: int = typer.Option(2, "--gpus"), hidden: Optional[int] = type
             else:
                 prog.advance(task)
                 prog.console.print(f"  round {rnd + 1} {name}: {status}")
-        res = tune(cands, gpus, hidden, out, modes=tuple(modes.split(",")), iters=iters, timeout=timeout,
-                   base_env=base, progress=cb, rounds=rounds, seed=seed, aa=aa)
+        try:
+            res = tune(cands, gpus, hidden, out, modes=tuple(mode_list), iters=iters, timeout=timeout,
+                       base_env=base, progress=cb, rounds=rounds, seed=seed, aa=aa)
+        except OSError as exc:
+            error("--out", f"cannot write {out} ({exc.strerror or exc})", "give a writable results path")
     runs = [c for r in res["rounds"] for c in r["candidates"]]
-    print(f"wrote {out} ({len(res['rounds'])} round(s), {sum(c['status'] == 'ok' for c in runs)}/{len(runs)} "
-          f"runs ok, seed {res['seed']})")
+    ok = sum(c['status'] == 'ok' for c in runs)
+    print(f"wrote {out} ({len(res['rounds'])} round(s), {ok}/{len(runs)} runs ok, seed {res['seed']})")
+    if not ok:
+        statuses = sorted({c["status"] for c in runs})
+        error("nccl tune", f"no run succeeded ({', '.join(statuses)}); {out} holds their log tails",
+              "read the log tails in the results file (torch with CUDA and NCCL, GPUs visible, --gpus)", 1)
 
 
 @nccl_app.command("choose")
@@ -109,15 +133,18 @@ def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl
                as_json: bool = Json, vault_id: Optional[List[str]] = VaultIds,
                vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Keep NCCL's default unless a candidate beats it consistently, beyond noise, on the traffic NCCL carries."""
-    import yaml
-    from rich.console import Console
-    from rich.table import Table
-
-    from ..nccl.choose import ChooseError, choose, evidence_lines, explain
+    from ..nccl.choose import ChooseError, choose
     from ..nccl.traffic import TrafficError, traffic, traffic_for_host
 
-    from ..argcheck import read_json, read_text
+    from ..argcheck import read_json
     from ..errors import SpecdeployError
+    if mode not in ("eager", "graph"):
+        error("--mode", f"unknown mode '{mode}'", "use eager or graph")
+    finite(prefill_tolerance, "--prefill-tolerance", 0)
+    finite(min_gain, "--min-gain", 0)
+    for opt, p in (("--tuner-csv", tuner_csv), ("--write-host-vars", write_host_vars), ("--chart", chart)):
+        if p is not None:
+            output_file(p, opt)
     items = []
     try:
         for path in results:
@@ -147,6 +174,23 @@ def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl
     except (KeyError, TypeError, ValueError) as exc:
         error(', '.join(str(p) for p in results), f"malformed results ({type(exc).__name__}: {exc})",
               "give `nccl tune` results files")
+    try:
+        _write_outputs(ch, items, tuner_csv, write_host_vars, chart)
+    except OSError as exc:
+        error(f"nccl choose {getattr(exc, 'filename', '') or ''}".strip(), f"cannot write it ({exc.strerror or exc})",
+              "give writable paths for --tuner-csv, --write-host-vars and --chart")
+    if as_json:
+        print(json.dumps(ch.to_dict(), indent=2))
+        return
+    _print_choice(ch, items, mode)
+
+
+def _write_outputs(ch, items, tuner_csv, write_host_vars, chart):
+    import yaml
+
+    from ..argcheck import read_text
+    from ..errors import SpecdeployError
+    from ..nccl.choose import evidence_lines
     if tuner_csv:
         tuner_csv.write_text("# colltype,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,"
                              "numPipeOps,regBuff\n" + "\n".join(ch.tuner_rows) + "\n")
@@ -171,9 +215,13 @@ def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl
     if chart:
         from ..nccl.chart import choice_chart
         choice_chart(items, ch, chart)
-    if as_json:
-        print(json.dumps(ch.to_dict(), indent=2))
-        return
+
+
+def _print_choice(ch, items, mode):
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..nccl.choose import evidence_lines, explain
     t = Table(title=f"NCCL choice ({mode}, {ch.gpus} GPUs, {ch.rounds} round(s) from {len(items)} file(s))")
     for col in ("candidate", "weighted decode us", "vs default [95% CI]", "faster rounds",
                 "worst prefill vs default", "verdict"):

@@ -13,7 +13,7 @@ from ..engines import DEFAULT as DEFAULT_ENGINE
 from ..errors import Finding, SpecdeployError
 from .app import app
 from .options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail, known_engine,
-                      vault)
+                      output_dir, vault)
 
 
 @app.command("preflight")
@@ -239,18 +239,19 @@ def _verify_cost(target, hardware, batch, k, routing_trace, locality, draft_cost
 def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(DEFAULT_ENGINE, "--engine"),
              prompts: Optional[Path] = typer.Option(None, "--prompts"),
              concurrency: str = typer.Option("1,8,32", "--concurrency"),
-             requests: Optional[int] = typer.Option(None, "--requests", help="per level; default 4 x c, >= 16"),
-             max_tokens: int = typer.Option(128, "--max-tokens"),
+             requests: Optional[int] = typer.Option(None, "--requests", min=1, help="per level; default 4 x c, >= 16"),
+             max_tokens: int = typer.Option(128, "--max-tokens", min=1),
              baseline: Optional[Path] = typer.Option(None, "--baseline",
                                                      help="report of a run without speculation"),
-             k: Optional[int] = typer.Option(None, "--k", help="draft tokens deployed (default: from metrics)"),
+             k: Optional[int] = typer.Option(None, "--k", min=1, help="draft tokens deployed (default: from metrics)"),
              margin: float = typer.Option(0.10, "--margin"),
              api_key_file: Optional[Path] = typer.Option(None, "--api-key-file"),
              out: Path = typer.Option(Path("gate"), "--out"), as_json: bool = Json):
     """Measure whether speculation pays under a bounded load of real chat prompts; write report + chart."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from ..gate import chart, gate
+    from ..gate import chart, check_baseline, gate, load_prompts
     known_engine(engine)
+    output_dir(out, "--out", "a directory for report.json and report.png")
     try:
         levels = [int(c) for c in concurrency.split(",")]
         assert levels and all(c > 0 for c in levels)
@@ -275,11 +276,9 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
         if key and any(c in key for c in "\r\n\0"):
             raise SpecdeployError([Finding("error", "--api-key-file", f"{api_key_file} holds more than one line",
                                            "keep only the API key in it, on one line")])
-        if base is not None and not (isinstance(base.get("levels_by_concurrency"), dict)
-                                     and isinstance(base.get("levels", []), list)):
-            raise SpecdeployError([Finding("error", "--baseline", f"{baseline} is not a gate report "
-                                           "(no levels_by_concurrency)",
-                                           "give the report.json of a `specdeploy gate` run without speculation")])
+        if base is not None:
+            check_baseline(base, baseline)
+        load_prompts(prompts)
     except SpecdeployError as exc:
         fail(exc)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

@@ -60,7 +60,12 @@ class Drafter:
         if not isinstance(cfg, dict):
             raise SpecdeployError([Finding("error", "drafter config.json", f"{path / 'config.json'} is not a "
                                            "JSON object", "restore the drafter's config.json")])
-        archs = [a for a in (cfg.get("architectures") or []) if isinstance(a, str)]
+        raw_archs = cfg.get("architectures")
+        if raw_archs is not None and not isinstance(raw_archs, list):
+            raise SpecdeployError([Finding("error", "drafter config.json architectures", f"{path / 'config.json'}: "
+                                           f"architectures is a {type(raw_archs).__name__}, not a list",
+                                           "restore the drafter's config.json")])
+        archs = [a for a in (raw_archs or []) if isinstance(a, str)]
         if cfg.get("speculators_model_type") == "eagle3":
             tlc = cfg.get("transformer_layer_config")
             fmt, layer = "speculators", dict(tlc) if isinstance(tlc, dict) else {}

@@ -36,6 +36,9 @@ def parse_batch_mix(text: str | None, available: list[int]) -> dict[int, float]:
             mix[int(k)] = float(v)
         except ValueError:
             raise ChooseError(f"--batch-mix entry '{part}' is not TOKENS:WEIGHT") from None
+    odd = [w for w in mix.values() if not math.isfinite(w) or w < 0]
+    if odd:
+        raise ChooseError(f"--batch-mix weight {odd[0]} is not a finite number >= 0")
     missing = [t for t in mix if t not in available]
     if missing:
         raise ChooseError(f"--batch-mix sizes {missing} were not measured; measured: {available}")
@@ -54,6 +57,46 @@ class Round:
     runs: dict[str, dict]
 
 
+def _finite_positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def check_results(data, source: str) -> None:
+    """Raise ChooseError naming ``source`` unless ``data`` has the shape `nccl tune` writes: rounds of candidates
+    (or one format-1 candidates list), each with a name, a status, an env mapping and, per mode, token counts
+    mapped to finite positive median latencies."""
+    def bad(what: str):
+        raise ChooseError(f"{source}: not an `nccl tune` results file ({what})")
+    if not isinstance(data, dict) or not ("rounds" in data or "candidates" in data):
+        bad("no 'rounds' or 'candidates'")
+    for key in ("gpus", "hidden"):
+        v = data.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            bad(f"{key} is {v!r}, not a positive integer")
+    if not isinstance(data.get("base_env", {}), dict):
+        bad("base_env is not a mapping")
+    rounds = data["rounds"] if "rounds" in data else [{"candidates": data["candidates"]}]
+    if not isinstance(rounds, list):
+        bad("'rounds' is not a list")
+    for i, r in enumerate(rounds):
+        if not isinstance(r, dict) or not isinstance(r.get("candidates", []), list):
+            bad(f"round {i + 1} is not an object with a 'candidates' list")
+        for c in r.get("candidates", []):
+            if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not isinstance(c.get("status"), str):
+                bad(f"round {i + 1} has a candidate without a string 'name' and 'status'")
+            if not isinstance(c.get("env", {}), dict):
+                bad(f"candidate '{c['name']}': env is not a mapping")
+            for mode in ("eager", "graph"):
+                table = c.get(mode, {})
+                if not isinstance(table, dict):
+                    bad(f"candidate '{c['name']}': {mode} is not a mapping of token counts")
+                for size, m in table.items():
+                    if not str(size).isdigit() or not isinstance(m, dict) or \
+                            ("median_us" in m and not _finite_positive(m["median_us"])):
+                        bad(f"candidate '{c['name']}' {mode} size {size!r}: want a token count mapped to a "
+                            "finite positive median_us")
+
+
 def load_rounds(items: list[tuple[str, dict]]) -> tuple[dict, list[Round]]:
     """Pool the rounds of several results files (format 2: ``rounds``; format 1: one ``candidates`` list,
     read as one round). Files must agree on GPU count, hidden size and base environment."""
@@ -61,8 +104,7 @@ def load_rounds(items: list[tuple[str, dict]]) -> tuple[dict, list[Round]]:
     envs: dict[str, dict] = {}
     rounds: list[Round] = []
     for source, data in items:
-        if not isinstance(data, dict) or not ("rounds" in data or "candidates" in data):
-            raise ChooseError(f"{source}: not an `nccl tune` results file (no 'rounds' or 'candidates')")
+        check_results(data, source)
         this = {"gpus": data.get("gpus"), "hidden": data.get("hidden", 7168), "base_env": data.get("base_env", {})}
         if meta is None:
             meta = dict(this, tokens=data.get("tokens"))
