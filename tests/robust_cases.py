@@ -9,7 +9,7 @@ A case is an argv with placeholders, filled in a fresh scratch tree per case:
 - ``{out}``: the one place a command may write; ``{closed}``: a loopback URL nothing listens on.
 
 ``names`` lists what the error output must contain (any one of them): the option, field or file at fault.
-``xfail`` names the area whose pending change the case waits for (strict=False in the suite)."""
+"""
 from __future__ import annotations
 
 import json
@@ -32,13 +32,6 @@ def count(kind: str, n: int = 1) -> None:
     COUNTS[kind] = COUNTS.get(kind, 0) + n
 
 
-# --- areas other branches are changing: cases that wait for them are xfail(strict=False) --------------------
-SCHEMA = "schema.py validators (control characters, relative paths)"
-INVREAD = "inventory readers (inventory.py / inventory_native.py: FIFOs, non-UTF-8, binary)"
-FLOATOPT = "gate/report float options and --range parsing"
-TRIAGE = "triage.py"
-
-
 @dataclass
 class Case:
     id: str
@@ -47,7 +40,6 @@ class Case:
     expect: str = "error"  # error: non-zero exit naming one of ``names``; any: exit either way, cleanly
     kind: str | None = None  # the bad file to make at {bad}
     setup: typing.Callable[[dict], None] | None = None  # edits the scratch tree before the run
-    xfail: str | None = None
     timeout: float = 10.0
     no_pip: bool = False  # wheelhouse: fail the case if pip would run
     bad_suffix: str = ""  # {bad} is bad<suffix>: matplotlib adds .png to a name without one
@@ -203,14 +195,6 @@ def bad_values(ann) -> list[tuple[str, object, str]]:
 
 # Out-of-range numbers the schema accepts today (the schema area decides their ranges), by field and value label;
 # -e JSON nan/inf reach the serial number as floats, a YAML file's do not always.
-SCHEMA_RANGE = {("specdeploy_max_model_len", "huge"), ("specdeploy_ready_timeout_s", "huge"),
-                ("specdeploy_staging_max_rate_mbps", "huge"), ("specdeploy_staging_max_rate_mbps", "inf"),
-                ("specdeploy_serial", "huge"), ("specdeploy_serial", "inf"), ("specdeploy_serial", "nan")}
-# string fields whose control characters are refused already (by their own validators), and those preflight
-# refuses through the path checks it makes
-CONTROL_REFUSED = {"specdeploy_engine", "specdeploy_engine_version", "specdeploy_load_format"}
-CONTROL_REFUSED_PREFLIGHT = {"specdeploy_model_config_copy", "specdeploy_drafter_config_copy",
-                             "specdeploy_start_timeout"}
 EKV_LABELS = {"word", "nan", "fraction", "bool-word"}  # -e KEY=VALUE: its own YAML typing of the value
 GV_LABELS = {"list", "dict", "control", "nan", "negative", "empty", "bool-word", "scalar"}  # the rest: -e JSON
 
@@ -220,27 +204,22 @@ def variable_cases() -> list[Case]:
     cases: list[Case] = []
     for name, f in HostVars.model_fields.items():
         for label, value, expect in bad_values(f.annotation):
-            xf = xf_pre = None
             if expect == "control":
                 expect = "error"
-                xf = None if name in CONTROL_REFUSED else SCHEMA
-                xf_pre = None if name in CONTROL_REFUSED | CONTROL_REFUSED_PREFLIGHT else SCHEMA
-            elif (name, label) in SCHEMA_RANGE:
-                xf = SCHEMA
             gv_setup = (lambda n, v: (lambda ctx: set_var(ctx, n, v)))(name, value)
             if label in GV_LABELS:
                 cases.append(Case(f"gv-{name}-{label}", ["plan", "--json", "-i", "{inv}"], (name,), expect,
-                                  setup=gv_setup, xfail=None if (name, label) == ("specdeploy_serial", "nan") else xf))
+                                  setup=gv_setup))
             cases.append(Case(f"ejson-{name}-{label}", ["plan", "--json", "-i", "{inv}", "-e",
-                                                        json.dumps({name: value})], (name,), expect, xfail=xf))
+                                                        json.dumps({name: value})], (name,), expect))
             if label in EKV_LABELS and isinstance(value, (int, float, str)):
                 cases.append(Case(f"ekv-{name}-{label}", ["plan", "--json", "-i", "{inv}", "-e", f"{name}={value}"],
-                                  (name,), "any" if label == "word" else expect, xfail=xf))
+                                  (name,), "any" if label == "word" else expect))
             if label in ("list", "control"):
                 cases.append(Case(f"preflight-{name}-{label}", ["preflight", "-i", "{inv}"], (name,), expect,
-                                  setup=gv_setup, xfail=xf_pre if label == "control" else None))
+                                  setup=gv_setup))
                 cases.append(Case(f"argv-{name}-{label}", ["engine", "argv", "-i", "{inv}", "--host", "gpu-a"],
-                                  (name,), expect, setup=gv_setup, xfail=xf))
+                                  (name,), expect, setup=gv_setup))
     return cases
 
 
@@ -366,8 +345,7 @@ def file_cases() -> list[Case]:
         c.append(Case(f"plan-out-{kind}", ["plan", "-i", "{inv}", "--out", "{bad}"], ("--out", "{bad}"), kind=kind,
                       writes="{bad}",
                       expect="any" if kind in ("missing", "directory") else "error"))
-        c.append(Case(f"inventory-{kind}", ["plan", "--json", "-i", "{bad}"], ("-i", "{bad}"), kind=kind,
-                      xfail=INVREAD if kind in ("fifo", "huge_line") else None))
+        c.append(Case(f"inventory-{kind}", ["plan", "--json", "-i", "{bad}"], ("-i", "{bad}"), kind=kind))
         if kind not in ("missing", "directory"):  # those are good outputs: the build would run
             c.append(Case(f"wheelhouse-out-{kind}", ["wheelhouse", "--out", "{bad}", "--target", "3.11:x86_64:2.36"],
                           ("--out", "{bad}"), kind=kind, writes="{bad}", no_pip=True,
@@ -474,8 +452,7 @@ def argument_cases() -> list[Case]:
                  ("--concurrency",)),
             Case(f"gate-url-{label}", ["gate", "--url", v, "--out", "{out}/g"], ("--url",)),
             Case(f"report-range-{label}", ["report", "--prometheus", "{closed}", "--range", v, "--out",
-                                           "{out}/r.png"], ("--range",),
-                 xfail=FLOATOPT if label in ("control", "huge") else None),
+                                           "{out}/r.png"], ("--range",)),
         ]
     for label, v in NUMS.items():
         bad_al = label != "huge"
@@ -486,7 +463,7 @@ def argument_cases() -> list[Case]:
                  ("--step-ratio",), expect="error" if label != "huge" else "any"),
             Case(f"breakeven-margin-{label}", ["breakeven", "--acceptance-length", "2.5", "--step-ratio", "1.2",
                                                "--margin", v], ("--margin",),
-                 expect="any" if label == "zero" else "error", xfail=FLOATOPT if label != "zero" else None),
+                 expect="any" if label == "zero" else "error"),
             Case(f"choose-tolerance-{label}", ["nccl", "choose", R, "--prefill-tolerance", v],
                  ("--prefill-tolerance",), setup=_write_json("r.json", _tune_results()),
                  expect="any" if label in ("zero", "huge") else "error"),
@@ -505,8 +482,7 @@ def argument_cases() -> list[Case]:
                  ("--max-tokens",)),
             Case(f"gate-k-{label}", ["gate", "--url", "{closed}", "--k", v, "--out", "{out}/g"], ("--k",)),
             Case(f"gate-margin-{label}", ["gate", "--url", "{closed}", "--margin", v, "--out", "{out}/g"],
-                 ("--margin",), expect="any" if label == "zero" else "error",
-                 xfail=FLOATOPT if label != "zero" else None),
+                 ("--margin",), expect="any" if label == "zero" else "error"),
             Case(f"report-layers-{label}", ["report", "--prometheus", "{closed}", "--layers", v, "--out",
                                             "{out}/r.png"], ("--layers",)),
             Case(f"report-k-{label}", ["report", "--prometheus", "{closed}", "--k", v, "--out", "{out}/r.png"],

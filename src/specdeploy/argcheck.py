@@ -79,12 +79,16 @@ def listen_address(value: str, option: str) -> tuple[str, int]:
     return host, port
 
 
-def finite(value: float, option: str, minimum: float = 0.0, positive: bool = False) -> float:
+def finite(value: float, option: str, minimum: float = 0.0, positive: bool = False,
+           maximum: float = float("inf")) -> float:
     """A float option that is a real number: not NaN, not infinite, at least ``minimum`` (above it when
-    ``positive``). NaN compares false with everything, so a plain ``<`` check would let it through."""
+    ``positive``) and at most ``maximum``. NaN compares false with everything, so a plain ``<`` check would let
+    it through."""
     import math
     bound = f"above {minimum:g}" if positive else f"at least {minimum:g}"
-    if not math.isfinite(value) or value < minimum or (positive and value == minimum):
+    if math.isfinite(maximum):
+        bound += f" and at most {maximum:g}"
+    if not math.isfinite(value) or value < minimum or (positive and value == minimum) or value > maximum:
         raise _err(option, f"{value!r} is not a finite number {bound}", f"give {option} a number {bound}")
     return value
 

@@ -62,7 +62,20 @@ def read_bytes(path: str | os.PathLike) -> bytes:
     return data
 
 
+MAX_LINE = 64 << 10  # bytes; Ansible's INI and YAML parsers crawl through a megabyte-long line for tens of seconds
+
+
 def decode(path: str | os.PathLike, data: bytes) -> str:
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        if end - start > MAX_LINE:
+            line_no = data.count(b"\n", 0, start) + 1
+            raise refuse(f"{path}:{line_no}", f"has a line of {end - start} bytes, more "
+                         f"than the {MAX_LINE >> 10} KiB an inventory line may have",
+                         "give a YAML, JSON or INI inventory with ordinary lines")
+        start = end + 1
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

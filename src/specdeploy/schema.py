@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 import unicodedata
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -148,14 +148,14 @@ class HostVars(BaseModel):
     specdeploy_staging_jobs: int = Field(
         4, ge=1, le=64, description="Files copied at once by `shared` staging.")
     specdeploy_staging_max_rate_mbps: float = Field(
-        0, ge=0, description="`shared` staging reads at most this many MB/s from shared storage, all files "
+        0, ge=0, le=1e6, allow_inf_nan=False, description="`shared` staging reads at most this many MB/s from shared storage, all files "
         "together, so a fleet staging at once does not starve the storage (0: no limit).")
     specdeploy_served_model_name: str | None = Field(
         None, description="Model name served by the OpenAI-compatible API (default: the model directory name).")
     specdeploy_tensor_parallel_size: int | None = Field(
         None, ge=1, description="Tensor-parallel size (default: the profile's GPU count).")
     specdeploy_expert_parallel: bool = Field(False, description="Enable expert parallelism for the MoE layers.")
-    specdeploy_max_model_len: int | None = Field(None, ge=1, description="Maximum context length.")
+    specdeploy_max_model_len: int | None = Field(None, ge=1, le=1 << 24, description="Maximum context length.")
     specdeploy_gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory the engine may use.")
     specdeploy_trust_remote_code: bool = Field(True, description="Allow the model's own Python code (Kimi needs it).")
@@ -188,8 +188,8 @@ class HostVars(BaseModel):
         "none", description="Put a router in front of the group's replicas (`sglang-router`, which serves vLLM and "
         "SGLang workers alike); rolling deploys then drain each replica through it.")
     specdeploy_router_port: int = Field(30080, ge=1, le=65535, description="Router HTTP port.")
-    specdeploy_serial: int | str | None = Field(
-        None, description="Ansible `serial` for deploy.yml (e.g. 1 for a rolling deploy); default all at once.")
+    specdeploy_serial: Annotated[int, Field(ge=1, le=100000)] | Annotated[str, Field(pattern=r"^[1-9][0-9]{0,5}%?$")] \
+        | None = Field(None, description="Ansible `serial` for deploy.yml (e.g. 1 for a rolling deploy); default all at once.")
     specdeploy_port: int = Field(8000, ge=1, le=65535, description="Engine HTTP port.")
     specdeploy_bind_address: str = Field("0.0.0.0", description="Engine bind address.")
     specdeploy_api_key_file: str | None = Field(
@@ -198,7 +198,7 @@ class HostVars(BaseModel):
     specdeploy_start_timeout: str = Field(
         "infinity", description="systemd TimeoutStartSec of the engine unit (readiness is checked separately).")
     specdeploy_ready_timeout_s: int = Field(
-        3600, ge=1, description="How long the readiness gate waits for health and a real generation.")
+        3600, ge=1, le=7 * 86400, description="How long the readiness gate waits for health and a real generation.")
 
     @field_validator("*", mode="before")
     @classmethod

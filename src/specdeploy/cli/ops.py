@@ -145,7 +145,7 @@ def breakeven_cmd(acceptance_length: Optional[float] = typer.Option(None, "--acc
     try:
         finite(acceptance_length, "--acceptance-length", 1.0)
         finite(step_ratio, "--step-ratio", positive=True)
-        finite(margin, "--margin")
+        finite(margin, "--margin", maximum=10.0)  # a fraction: 0.10 is 10%
         b = breakeven(acceptance_length, step_ratio, margin)
     except SpecdeployError as exc:
         fail(exc)
@@ -178,11 +178,11 @@ def _verify_cost(target, hardware, batch, k, routing_trace, locality, draft_cost
 
     from ..verifycost import load_target, load_trace, peaks, predict
     batches, ks = _ints(batch, [1, 8, 32, 64], "--batch"), _ints(k, [1, 2, 3, 4], "--k")
-    for name, v, ok in (("--margin", margin, margin >= 0), ("--context", context, context >= 0),
+    for name, v, ok in (("--margin", margin, 0 <= margin <= 10), ("--context", context, context >= 0),
                         ("--draft-cost", draft_cost, draft_cost is None or draft_cost >= 0),
                         ("--acceptance-length", acceptance_length,
                          acceptance_length is None or acceptance_length >= 1)):
-        if v is not None and (math.isnan(v) or not ok):
+        if v is not None and (not math.isfinite(v) or not ok):
             error(name, f"{v!r} is out of range", f"give a number >= {1 if 'acceptance' in name else 0}")
     try:
         shape = load_target(target)
@@ -260,7 +260,7 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
     from ..argcheck import finite, http_url, read_json_object, read_text
     try:
         url = http_url(url, "--url")
-        finite(margin, "--margin")
+        finite(margin, "--margin", maximum=10.0)  # a fraction: 0.10 is 10%
         for name, n in (("--requests", requests), ("--max-tokens", max_tokens), ("--k", k)):
             if n is not None and n < 1:
                 raise SpecdeployError([Finding("error", name, f"{n} is not a positive count",
