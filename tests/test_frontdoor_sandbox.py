@@ -85,6 +85,44 @@ def test_status_shows_the_fleet_within_5_seconds(fleet):
     assert all(h.name in table.stdout for h in hosts) and "vllm 0.16.0" in table.stdout
 
 
+def test_a_vaulted_inventory_plans_and_deploys_as_ansible_playbook_does(fleet, tmp_path):
+    """A copy of the sandbox inventory with an inline !vault value: plan matches the plain copy, `specdeploy deploy`
+    and ansible-playbook both deploy with the password file, the value never reaches the events, and without the
+    secret the deploy stops before any host, naming the file."""
+    import yaml
+    inv, hosts = fleet
+    vaulted = tmp_path / "vaulted"
+    shutil.copytree(inv, vaulted)
+    pw = tmp_path / "vault-pass"
+    pw.write_text("sandbox vault secret\n")
+    gv = vaulted / "group_vars" / "specdeploy_engines.yml"
+    data = yaml.safe_load(gv.read_text())
+    name = data.pop("specdeploy_served_model_name")
+    enc = subprocess.run(["ansible-vault", "encrypt_string", "--vault-password-file", str(pw), name, "--name",
+                          "specdeploy_served_model_name"], capture_output=True, text=True, timeout=120, check=True)
+    gv.write_text("---\n" + yaml.safe_dump(data, sort_keys=False) + enc.stdout)
+    assert "$ANSIBLE_VAULT" in gv.read_text() and name not in gv.read_text()
+
+    plain = sd("plan", "-i", str(inv), "--json")
+    secret = sd("plan", "-i", str(vaulted), "--json", "--vault-password-file", str(pw))
+    assert plain.returncode == secret.returncode == 0, secret.stderr
+    assert json.loads(plain.stdout) == json.loads(secret.stdout)
+
+    ev = tmp_path / "vault.jsonl"
+    r = sd("deploy", "-i", str(vaulted), "--vault-password-file", str(pw), "--events", str(ev))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "2/2 hosts ok" in r.stdout and name not in ev.read_text() and (ev.stat().st_mode & 0o777) == 0o600
+    a = subprocess.run(["ansible-playbook", "-i", str(vaulted), str(REPO / "ansible" / "deploy.yml"),
+                        "--vault-password-file", str(pw)], capture_output=True, text=True, cwd=REPO, timeout=1200)
+    assert a.returncode == 0, a.stdout[-3000:]
+    for h in hosts:
+        assert f"{h.name}" in a.stdout and "failed=0" in a.stdout
+
+    none = sd("deploy", "-i", str(vaulted), "--events", str(tmp_path / "none.jsonl"))
+    assert none.returncode != 0 and "specdeploy_engines.yml" in none.stdout + none.stderr, none.stdout[-2000:]
+    assert "Traceback" not in none.stdout + none.stderr
+
+
 def test_crash_on_load_shows_triage_inline(fleet, tmp_path):
     inv, hosts = fleet
     ev = tmp_path / "crash.jsonl"
