@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from .errors import Finding, SpecdeployError
-from .inventory_ansible import Vault
+from .inventory_ansible import Vault, plain
 from .inventory_files import check_text, read_bytes
 from .schema import HostVars, validate_host
 
@@ -207,7 +207,7 @@ def ansible_host_variables(path: Path, extra: dict[str, Any] | None = None, vaul
                 continue
             templar = Templar(loader=vm._loader, variables=raw)
             try:
-                out[h.name] = _plain({k: (_template(templar, k, v, h.name) if k.startswith("specdeploy_") else v)
+                out[h.name] = plain({k: (_template(templar, k, v, h.name) if k.startswith("specdeploy_") else v)
                                       for k, v in raw.items()})
             except SpecdeployError as exc:
                 out[h.name] = exc
@@ -261,12 +261,3 @@ def _template(templar, key, value, host):
                                        "fix the Jinja expression or define the variables it uses", host)]) from None
 
 
-def _plain(obj):
-    """Ansible's vars carry its own str/dict subclasses (and lazy templates); make them plain."""
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, float)):
-        return obj
-    return str(obj)

@@ -183,14 +183,15 @@ def vaulted_vars_file(path: Path, vault: Vault | None) -> tuple[dict[str, Any], 
             raise SpecdeployError(locked)
         whole = read_bytes(path).lstrip().startswith(b"$ANSIBLE_VAULT")
         keys = {str(k) for k, v in data.items() if whole or any(True for _ in encrypted_values(v))}
-        return _plain(data), keys
+        return plain(data), keys
 
 
-def _plain(obj: Any) -> Any:
+def plain(obj: Any) -> Any:
+    """Ansible's vars carry its own str/dict subclasses (and lazy templates); make them plain."""
     if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
+        return {str(k): plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
+        return [plain(v) for v in obj]
     if isinstance(obj, bool) or obj is None or isinstance(obj, (int, float)):
         return obj
     return str(obj)

@@ -88,6 +88,10 @@ class CustomHardware(BaseModel):
         return env_names(v)
 
 
+SerialCount = Annotated[int, Field(ge=1, le=100000)]  # hosts per batch
+SerialPercent = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,5}%?$")]  # "30%" (or a count written as a string)
+
+
 class HostVars(BaseModel):
     """Variables of one engine host. Field descriptions are the documentation."""
 
@@ -148,8 +152,8 @@ class HostVars(BaseModel):
     specdeploy_staging_jobs: int = Field(
         4, ge=1, le=64, description="Files copied at once by `shared` staging.")
     specdeploy_staging_max_rate_mbps: float = Field(
-        0, ge=0, le=1e6, allow_inf_nan=False, description="`shared` staging reads at most this many MB/s from shared storage, all files "
-        "together, so a fleet staging at once does not starve the storage (0: no limit).")
+        0, ge=0, le=1e6, allow_inf_nan=False, description="`shared` staging reads at most this many MB/s from "
+        "shared storage, all files together, so a fleet staging at once does not starve the storage (0: no limit).")
     specdeploy_served_model_name: str | None = Field(
         None, description="Model name served by the OpenAI-compatible API (default: the model directory name).")
     specdeploy_tensor_parallel_size: int | None = Field(
@@ -188,8 +192,8 @@ class HostVars(BaseModel):
         "none", description="Put a router in front of the group's replicas (`sglang-router`, which serves vLLM and "
         "SGLang workers alike); rolling deploys then drain each replica through it.")
     specdeploy_router_port: int = Field(30080, ge=1, le=65535, description="Router HTTP port.")
-    specdeploy_serial: Annotated[int, Field(ge=1, le=100000)] | Annotated[str, Field(pattern=r"^[1-9][0-9]{0,5}%?$")] \
-        | None = Field(None, description="Ansible `serial` for deploy.yml (e.g. 1 for a rolling deploy); default all at once.")
+    specdeploy_serial: SerialCount | SerialPercent | None = Field(
+        None, description="Ansible `serial` for deploy.yml (e.g. 1 for a rolling deploy); default all at once.")
     specdeploy_port: int = Field(8000, ge=1, le=65535, description="Engine HTTP port.")
     specdeploy_bind_address: str = Field("0.0.0.0", description="Engine bind address.")
     specdeploy_api_key_file: str | None = Field(
