@@ -214,3 +214,41 @@ def test_remove_tree_never_walks_into_a_mount(tmp_path):
         subprocess.run(["umount", "-l", str(d / "proc")], capture_output=True)
     assert (keep / "precious").read_text() == "user data" and not (tmp_path / "cache").exists()
     shutil.rmtree(keep)
+
+
+def test_remove_tree_removes_a_link_and_never_what_it_points_to(tmp_path):
+    target = tmp_path / "user-data"
+    target.mkdir()
+    (target / "keep").write_text("theirs")
+    link = tmp_path / "entry"
+    link.symlink_to(target)
+    cache.remove_tree(link)
+    assert not link.exists() and not link.is_symlink() and (target / "keep").read_text() == "theirs"
+
+
+def test_down_leaves_what_it_did_not_make_and_hosts_another_state_runs(state, tmp_path, monkeypatch):
+    """down in a state directory: a host another state runs keeps its network, an artifacts directory without
+    the sandbox's key and a key pair it did not generate stay; its own host directory and artifacts go."""
+    calls = []
+    monkeypatch.setattr(sandbox, "_require_root", lambda: None)
+    monkeypatch.setattr(sandbox, "_run", lambda cmd, check=True, **kw: calls.append(cmd) or
+                        subprocess.CompletedProcess(cmd, 1, "", ""))
+    monkeypatch.setattr(sandbox, "SANDBOX_LOCK", tmp_path / "lock")
+    monkeypatch.setattr(sandbox, "HOSTS_RUN", tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    state.mkdir()
+    (state / "hosts.json").write_text(json.dumps([{"name": "sdhost1", "index": 1}, {"name": "sdhost2", "index": 2}]))
+    for n in ("sdhost1", "sdhost2"):
+        (state / "hosts" / n).mkdir(parents=True)
+    (tmp_path / "run" / "sdhost2.json").write_text(json.dumps({"state": "/elsewhere", "pid": os.getpid()}))
+    (state / "artifacts").mkdir()
+    (state / "artifacts" / "mine").write_text("a user's file")
+    (state / "id_ed25519.pub").write_text("ssh-ed25519 AAAA someone@laptop\n")
+    sandbox.down()
+    assert not (state / "hosts" / "sdhost1").exists() and (state / "hosts" / "sdhost2").is_dir()
+    assert not any("sdh2" in c or "sd-sdhost2" in c for c in calls)  # the other state's network is untouched
+    assert (state / "artifacts" / "mine").read_text() == "a user's file"
+    assert (state / "id_ed25519.pub").is_file()
+    sandbox.artifacts()
+    sandbox.down()
+    assert not (state / "artifacts").exists()  # what artifacts() wrote carries its key, and goes

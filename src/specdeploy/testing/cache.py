@@ -79,7 +79,7 @@ def locked(lock: Path, what: str, progress=None, timeout: float = 3600) -> Itera
 
 def mounts_under(path: Path) -> list[Path]:
     """Mount points at or below ``path`` (from /proc/self/mountinfo), deepest first."""
-    root = os.path.realpath(path)
+    root = os.path.abspath(path)
     out = []
     try:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
@@ -104,16 +104,16 @@ def unmount_under(path: Path) -> list[Path]:
 
 def remove_tree(path: Path):
     """rm -r that never crosses into a mount: anything still mounted below ``path`` stops it with an error."""
-    if not path.exists() and not path.is_symlink():
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()  # a link is removed, never followed: what it points to is not ours
+        return
+    if not path.exists():
         return
     left = unmount_under(path)
     if left:
         raise SpecdeployError([Finding("error", str(path), f"still mounted below it: {', '.join(map(str, left))}",
                                        f"unmount those (umount -l), then remove {path}")])
-    if path.is_symlink() or not path.is_dir():
-        path.unlink()
-    else:
-        shutil.rmtree(path)
+    shutil.rmtree(path)
 
 
 def build_entry(final: Path, key: str, build: Callable[[Path], None], lock: Path, what: str,
@@ -144,9 +144,10 @@ def build_entry(final: Path, key: str, build: Callable[[Path], None], lock: Path
 
 
 def prune(parent: Path, pattern: str, keep: Path, in_use: Callable[[Path], bool] = lambda p: False):
-    """Remove the other entries matching ``pattern`` in ``parent`` (older keys), except those in use, and any
-    leftover build directory of ``keep`` that no process is writing (its lock is ours while we hold it)."""
-    for p in parent.glob(pattern):
+    """Remove the other entries matching ``pattern`` in ``parent`` (older keys), except those in use, and the
+    build and old directories a killed build left (``.<pattern>.build-*``, ``.<pattern>.old-*``). Call it holding
+    the entry's lock, so no build in progress is among them."""
+    for p in [*parent.glob(pattern), *parent.glob(f".{pattern}.build-*"), *parent.glob(f".{pattern}.old-*")]:
         if p.resolve() == keep.resolve() or in_use(p):
             continue
         with contextlib.suppress(SpecdeployError, OSError):

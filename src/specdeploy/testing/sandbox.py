@@ -5,6 +5,7 @@ rootfs. The controller reaches them over SSH (paramiko here, OpenSSH for Ansible
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -36,6 +37,7 @@ NSPAWN_RUNTIME = Path("/run/systemd/nspawn")
 # machine-wide: one up/down at a time, and which state directory runs each host name
 SANDBOX_LOCK = Path("/run/lock/specdeploy-sandbox.lock")
 HOSTS_RUN = Path("/run/specdeploy-sandbox")
+KEY_COMMENT = "specdeploy-sandbox"
 NET_PREFIX = "10.231"
 
 
@@ -102,11 +104,24 @@ def rootfs_path() -> Path:
     return CACHE / f"rootfs-{SUITE}-{rootfs_key()[:16]}"
 
 
-def _lower_dirs_in_use() -> str:
+def _lower_dirs_in_use() -> set[str]:
+    """The lower directories of the overlay mounts on this machine (the running hosts' rootfs)."""
+    import re
     try:
-        return Path("/proc/self/mountinfo").read_text()
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:
-        return ""
+        return set()
+    out = set()
+    for line in lines:
+        pre, sep, post = line.partition(" - ")
+        fields = post.split(" ")
+        if not sep or len(fields) < 3 or fields[0] != "overlay":
+            continue
+        for opt in re.split(r"(?<!\\),", fields[2]):
+            if opt.startswith(("lowerdir=", "lowerdir+=")):
+                for d in re.split(r"(?<!\\):", opt.split("=", 1)[1]):
+                    out.add(d.replace("\\", "").encode().decode("unicode_escape"))
+    return out
 
 
 def rootfs(progress=None) -> Path:
@@ -123,8 +138,10 @@ def rootfs(progress=None) -> Path:
         _prepare_rootfs(tmp)
 
     root = _cache.build_entry(final, rootfs_key(), build, CACHE / CACHE_LOCK, "sandbox rootfs build", progress)
-    mounts = _lower_dirs_in_use()
-    _cache.prune(CACHE, f"rootfs-{SUITE}*", keep=root, in_use=lambda p: f"lowerdir={p}" in mounts)
+    with _cache.locked(CACHE / CACHE_LOCK, "sandbox rootfs build", progress):
+        lowers = _lower_dirs_in_use()
+        _cache.prune(CACHE, f"rootfs-{SUITE}*", keep=root,
+                     in_use=lambda p: any(x == str(p) or x.startswith(f"{p}/") for x in lowers))
     return root
 
 
@@ -209,7 +226,9 @@ def base_image(root: Path, progress=None) -> Path:
         (work / "manifest.json").unlink()
 
     d = _cache.build_entry(final, tag, build, CACHE / CACHE_LOCK, "sandbox base image build", progress)
-    _cache.prune(CACHE, "base-image*", keep=d)
+    with _cache.locked(CACHE / CACHE_LOCK, "sandbox base image build", progress):
+        # a running host keeps the archive it was booted with: nspawn bound that file (its inode) into it
+        _cache.prune(CACHE, "base-image*", keep=d)
     return d / "base-image.tar"
 
 
@@ -218,7 +237,7 @@ def keypair() -> tuple[Path, str]:
     key_path = STATE / "id_ed25519"
     if not key_path.is_file():
         STATE.mkdir(parents=True, exist_ok=True)
-        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "specdeploy-sandbox", "-f", str(key_path)])
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", KEY_COMMENT, "-f", str(key_path)])
     pub = (STATE / "id_ed25519.pub").read_text().strip()
     paramiko.Ed25519Key.from_private_key_file(str(key_path))  # fails early on a corrupt key
     return key_path, pub
@@ -231,15 +250,17 @@ def _ensure_nspawn_runtime():
 
 
 def _pid(h: SandboxHost) -> int | None:
+    """The host's nspawn process, if it runs: the recorded pid must still be systemd-nspawn booting this host's
+    directory (after a reboot the number may belong to anything else)."""
     f = h.dir / "nspawn.pid"
-    if not f.is_file():
-        return None
-    pid = int(f.read_text())
     try:
-        os.kill(pid, 0)
-        return pid
-    except ProcessLookupError:
+        pid = int(f.read_text())
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
         return None
+    if not cmd or not cmd[0].endswith(b"systemd-nspawn") or str(h.dir / "merged").encode() not in cmd:
+        return None
+    return pid
 
 
 def _net_up(h: SandboxHost):
@@ -383,12 +404,28 @@ def stop_host(h: SandboxHost, timeout: float = 30):
     (h.dir / "nspawn.pid").unlink(missing_ok=True)
 
 
+def _owned_elsewhere(h: SandboxHost) -> str | None:
+    """The other state directory that runs a host of this name now, if any."""
+    try:
+        _check_owner(h)
+    except SpecdeployError:
+        return json.loads(_owner_file(h).read_text()).get("state")
+    return None
+
+
 def down(progress=None):
-    """Stop every host of this state directory and remove all the sandbox made in it: overlays, networks,
-    host directories, keys and artifacts. The content-keyed caches (rootfs, base image) stay."""
+    """Stop every host of this state directory and remove what the sandbox made in it: overlays, networks, host
+    directories, its key pair and its artifacts. A host name another state directory runs now is left alone (the
+    names are machine-wide), and nothing the sandbox did not write is removed. The content-keyed caches (rootfs,
+    base image) stay."""
     _require_root()
     with _cache.locked(SANDBOX_LOCK, "sandbox up/down", progress):
         for h in hosts_from_state():
+            other = _owned_elsewhere(h)
+            if other:
+                if progress:
+                    progress(f"{h.name} runs from the sandbox state {other}: left alone")
+                continue
             if progress:
                 progress(f"stop {h.name}")
             stop_host(h)
@@ -398,16 +435,17 @@ def down(progress=None):
             _run(["ip", "link", "del", h.veth_host], check=False)
             _run(["ip", "netns", "del", h.netns], check=False)
             _cache.remove_tree(h.dir)
-            owner = _owner_file(h)
-            try:
-                if json.loads(owner.read_text()).get("state") == str(STATE):
-                    owner.unlink()
-            except (OSError, ValueError, AttributeError):
-                pass
-        for name in ("hosts.json", "id_ed25519", "id_ed25519.pub", "artifacts.lock"):
-            (STATE / name).unlink(missing_ok=True)
-        for d in ("hosts", "artifacts"):
-            _cache.remove_tree(STATE / d)
+            _owner_file(h).unlink(missing_ok=True)
+        (STATE / "hosts.json").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            (STATE / "hosts").rmdir()  # only when empty: the hosts above were ours
+        pub = STATE / "id_ed25519.pub"
+        if pub.is_file() and pub.read_text(errors="replace").strip().endswith(KEY_COMMENT):
+            for name in ("id_ed25519", "id_ed25519.pub"):
+                (STATE / name).unlink(missing_ok=True)
+        if _cache.key_of(STATE / "artifacts"):  # written by artifacts(): it carries its key
+            _cache.remove_tree(STATE / "artifacts")
+        (STATE / "artifacts.lock").unlink(missing_ok=True)
         for left in STATE.glob(".artifacts.*"):
             _cache.remove_tree(left)
 
