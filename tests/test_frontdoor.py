@@ -427,3 +427,45 @@ def test_deploy_events_are_private_redacted_and_the_vault_reaches_ansible(exampl
 
 def stat_mode(p) -> int:
     return os.stat(p).st_mode & 0o777
+
+
+def test_a_vaulted_extra_vars_file_reaches_ansible_as_its_file_and_a_prompt_is_refused(example_inv, tmp_path,
+                                                                                          monkeypatch):
+    """The runner writes its extravars to disk: values from a vaulted `-e @FILE` go on as that file (which
+    ansible-playbook decrypts), never decrypted into extravars; `--vault-id X@prompt` cannot be answered under the
+    runner and is refused before anything runs."""
+    import subprocess
+    import threading
+    import types
+
+    import ansible_runner
+    from typer.testing import CliRunner
+
+    from specdeploy.cli import app
+    calls = []
+
+    def fake_run_async(**kw):
+        calls.append(kw)
+        kw["event_handler"]({"event": "playbook_on_stats", "event_data": {}})
+        t = threading.Thread(target=lambda: None)
+        t.start()
+        return t, types.SimpleNamespace(rc=0)
+    monkeypatch.setattr(ansible_runner, "run_async", fake_run_async)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pw").write_text("pw\n")
+    secret_vars = tmp_path / "secret.yml"
+    secret_vars.write_text("specdeploy_served_model_name: served-from-the-vault\n")
+    subprocess.run(["ansible-vault", "encrypt", "--vault-password-file", str(tmp_path / "pw"), str(secret_vars)],
+                   check=True, capture_output=True, timeout=120)
+    r = CliRunner().invoke(app, ["deploy", "-i", str(example_inv), "--skip-preflight", "--vault-password-file", "pw",
+                                 "-e", f"@{secret_vars}", "-e", "specdeploy_spec_num_tokens=3"])
+    (kw,) = calls
+    assert "served-from-the-vault" not in json.dumps(kw.get("extravars") or {}), kw
+    assert kw["extravars"] == {"specdeploy_spec_num_tokens": 3}
+    assert f"-e @{secret_vars}" in kw["cmdline"]
+    runner_files = "".join(p.read_text(errors="replace") for p in (tmp_path / ".cache").rglob("*") if p.is_file())
+    assert "served-from-the-vault" not in runner_files + r.output
+
+    r = CliRunner().invoke(app, ["deploy", "-i", str(example_inv), "--skip-preflight", "--vault-id", "prod@prompt"])
+    assert r.exit_code == 2 and "--vault-id" in r.output and "password in a file" in r.output, r.output
+    assert len(calls) == 1

@@ -428,11 +428,14 @@ class Run:
 
 
 def run_playbook(run: Run, playbook: str, inventory: str, limit: str | None, extra: dict,
-                 runner_dir: Path, vault=None) -> int:
+                 runner_dir: Path, vault=None, extra_files: list[str] | None = None) -> int:
     """ansible-playbook through ansible-runner; ``vault`` (inventory_ansible.Vault): the vault secrets given to
-    specdeploy, passed on with those of ansible.cfg and the environment."""
+    specdeploy, passed on with those of ansible.cfg and the environment; ``extra_files``: vaulted ``-e @FILE``s,
+    handed on as files (ansible-playbook decrypts them; the runner would write ``extra`` to disk in clear)."""
     import ansible_runner
     vault_args = vault.playbook_args() if vault is not None else []
+    for f in extra_files or []:
+        vault_args += ["-e", f"@{f}"]
     private_dir(runner_dir)
     poller = threading.Thread(target=run.poll_load, daemon=True)
     poller.start()

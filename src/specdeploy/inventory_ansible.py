@@ -38,6 +38,12 @@ class Vault:
         args: list[str] = []
         for slug in [*(C.DEFAULT_VAULT_IDENTITY_LIST or []), *self.ids]:
             label, source = _split(slug)
+            if source in ("prompt", "prompt_ask_vault_pass"):  # the runner's child has no terminal to ask on
+                raise SpecdeployError([Finding(
+                    "error", "--vault-id", f"'{slug}' asks for the password at a prompt, which ansible-playbook "
+                    "cannot show under specdeploy deploy|rollback|verify",
+                    "give the password in a file (--vault-id LABEL@FILE or --vault-password-file FILE), or run "
+                    "ansible-playbook directly")])
             args += ["--vault-id", f"{label}@{_abs(source)}" if label else _abs(source)]
         for f in [*self.password_files, *([C.DEFAULT_VAULT_PASSWORD_FILE] if C.DEFAULT_VAULT_PASSWORD_FILE else [])]:
             args += ["--vault-password-file", _abs(f)]

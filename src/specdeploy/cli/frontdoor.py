@@ -61,6 +61,14 @@ def _triage_panel(row) -> Panel:
     return Panel(body, title=f"triage: {escape(row.host)}", border_style="red")
 
 
+def _is_vaulted_file(p: Path) -> bool:
+    try:
+        text = p.read_text(errors="replace")
+    except OSError:
+        return False
+    return text.lstrip().startswith("$ANSIBLE_VAULT") or "!vault" in text
+
+
 def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Optional[List[str]],
               events: Optional[Path], skip_preflight: bool, secrets=None):
     from ..frontdoor import PLAYBOOKS, Run, private_dir, redact, run_playbook, targets
@@ -68,6 +76,8 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
     out = _console()
     vaulted: set[str] = set()
     try:
+        if secrets is not None:  # a secret ansible-playbook could not be given under the runner: before any prompt
+            secrets.playbook_args()
         extra = parse_extra_vars(extra_vars, secrets, vaulted)
         hosts, _ = targets(inventory, limit, extra, secrets)
     except SpecdeployError as exc:
@@ -112,6 +122,11 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
                 out.print(_triage_panel(row))
 
     shown_extra, hidden = redact(extra, vaulted)
+    # values that came out of a vault reach ansible-playbook as their encrypted files, which it decrypts itself:
+    # the runner writes its extravars to disk, and a decrypted secret must not be there
+    vaulted_files = [str(Path(i[1:]).resolve()) for i in (extra_vars or []) if i.startswith("@")
+                     and _is_vaulted_file(Path(i[1:]))]
+    runner_extra = {k: v for k, v in extra.items() if k not in vaulted}
     try:
         run = Run(hosts, events, changed, hidden)
     except OSError as exc:
@@ -127,9 +142,11 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
         return Group(_rows_table(run, title), *[_triage_panel(r) for r in run.rows.values() if r.triage])
     if live_tty:
         with Live(view(), console=out, refresh_per_second=2, get_renderable=view):
-            rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, extra, base / "runner", secrets)
+            rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, runner_extra, base / "runner", secrets,
+                              vaulted_files)
     else:
-        rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, extra, base / "runner", secrets)
+        rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, runner_extra, base / "runner", secrets,
+                          vaulted_files)
         out.print(view())
     for r in run.rows.values():
         if r.result in ("failed", "unreachable") and not r.triage and r.host not in shown:
