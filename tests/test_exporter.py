@@ -361,3 +361,17 @@ def test_exporter_refuses_a_window_that_is_no_duration(window):
                         "http://127.0.0.1:9", "--listen", "127.0.0.1:9", "--window", window],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--window" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_fifo_in_place_of_the_gate_file_does_not_hang_a_scrape(tmp_path):
+    """Files other components write are read without blocking: a FIFO where the gate report belongs is named
+    as invalid, at once."""
+    import os
+    import time
+
+    from specdeploy.exporter import _read_small
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    text, why = _read_small(fifo, 1 << 20)
+    assert text is None and why == "is not a regular file" and time.monotonic() - t0 < 1

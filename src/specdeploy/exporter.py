@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -266,13 +267,21 @@ VERDICTS = ("keep", "reduce-k", "disable", "undecided")
 
 def _read_small(path: Path, limit: int) -> tuple[str | None, str]:
     """(text, '') or (None, what is wrong): at most ``limit`` bytes of strict UTF-8."""
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(limit + 1)
+    import stat
+    try:  # O_NONBLOCK: a FIFO put there must not hang the scrape; only a regular file is read
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None, ""
     except OSError as exc:
         return None, f"cannot be read: {exc.strerror or exc}"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, "is not a regular file"
+        data = os.read(fd, limit + 1)
+    except OSError as exc:
+        return None, f"cannot be read: {exc.strerror or exc}"
+    finally:
+        os.close(fd)
     if len(data) > limit:
         return None, f"larger than {limit:,} bytes"
     try:
