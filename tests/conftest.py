@@ -23,6 +23,7 @@ def example_inv(tmp_path) -> Path:
     return dst
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group from the marks
 def pytest_collection_modifyitems(config, items):
     """The sandbox tests share the machine's sandbox hosts (one fleet at a time): under pytest-xdist
     (`-n 2 --dist loadgroup`, as .ci/run runs) they all go to one worker, in order, while the other worker
