@@ -21,16 +21,21 @@ def _print_report(rep, as_json: bool):
     print("OK" if rep.ok else f"{len(rep.errors)} error(s)")
 
 
+SkipTargetCheck = typer.Option(False, "--skip-target-check", help="leave out whether the release serves the "
+                               "target's model class as an EAGLE-3 target (the deploy's preflight decides that, "
+                               "knowing the engine image's patch set)")
+
+
 @drafter_app.command("check")
 def check_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Option(..., "--target"),
               engine: str = typer.Option(..., "--engine"),
               engine_version: str = typer.Option(None, "--engine-version",
                                                  help="rules of this engine release (default: the newest known)"),
-              as_json: bool = Json):
+              skip_target_check: bool = SkipTargetCheck, as_json: bool = Json):
     """Check a drafter against its target for one engine (config and headers only; no weights read)."""
     from ..drafter import check
     try:
-        rep = check(drafter_dir, target, engine, engine_version)
+        rep = check(drafter_dir, target, engine, engine_version, target_check=not skip_target_check)
     except SpecdeployError as exc:
         fail(exc)
     _print_report(rep, as_json)
@@ -42,20 +47,14 @@ def convert_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Op
                 engine: str = typer.Option(..., "--engine"), out: Path = typer.Option(..., "--out"),
                 engine_version: str = typer.Option(None, "--engine-version",
                                                    help="rules of this engine release (default: the newest known)"),
-                as_json: bool = Json):
+                skip_target_check: bool = SkipTargetCheck, as_json: bool = Json):
     """Write an engine-ready copy: architecture name, layout, explicit aux ids, layer count, verifier."""
-    from ..drafter import META_FILE, convert
-    from .options import error, output_dir
+    from ..drafter import convert
+    from .options import output_dir
     output_dir(out, "--out", "a new directory for the converted drafter")
-    res = out.resolve()
-    for p, what in ((drafter_dir, "the drafter"), (target, "the target model")):
-        if p.exists() and (res == p.resolve() or p.resolve() in res.parents or res in p.resolve().parents):
-            error("--out", f"{out} is or holds {what} ({p})", "give a new directory beside them")
-    if out.is_dir() and any(out.iterdir()) and not (out / META_FILE).is_file():
-        error("--out", f"{out} is a directory that is not an earlier conversion (no {META_FILE}); converting "
-              "would replace it", "give a new or empty directory, or an earlier `drafter convert` output")
+    # what --out may be (not the input, nor holding it; only an earlier conversion replaced) is outdir's
     try:
-        meta = convert(drafter_dir, target, engine, out, engine_version)
+        meta = convert(drafter_dir, target, engine, out, engine_version, not skip_target_check)
     except SpecdeployError as exc:
         fail(exc, 1)
     if as_json:

@@ -25,7 +25,8 @@ def _link_or_copy(src: Path, dst: Path):
         shutil.copy2(src, dst)
 
 
-def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version: str | None = None) -> dict:
+def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version: str | None = None,
+            target_check: bool = True) -> dict:
     """Write an engine-ready copy of the drafter in ``out``; refuse, saying why, when no correct conversion
     exists. Fixes: architecture name, speculators verifier / flattening, aux-id keys, num_hidden_layers from
     the tensors, draft_vocab_size for a shared lm_head, and the layers.0./midlayer. layout.
@@ -37,7 +38,7 @@ def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version
     check_target(out, CONVERT_CMD, inputs, _previous_conversion)
     try:
         with atomic_output_dir(out, CONVERT_CMD, inputs, _previous_conversion) as staged:
-            return _convert_into(drafter_dir, target_dir, engine, staged, version)
+            return _convert_into(drafter_dir, target_dir, engine, staged, version, target_check)
     except SpecdeployError as exc:
         if "staged" not in locals():
             raise
@@ -54,12 +55,13 @@ def _previous_conversion(path: Path) -> bool:
     return (path / META_FILE).is_file() and (path / "config.json").is_file()
 
 
-def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version: str | None = None) -> dict:
-    """The conversion, written into the new, empty directory ``out``."""
+def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version: str | None = None,
+                  target_check: bool = True) -> dict:
+    """The conversion, written into the new, empty directory ``out``; ``target_check``: as in ``check``."""
     version = resolve_version(engine, version)
     a = get_adapter(engine, version)
     facts = a.DRAFTER
-    pre = check(drafter_dir, target_dir, engine, version)
+    pre = check(drafter_dir, target_dir, engine, version, target_check)
     blocking = [f for f in pre.errors if not is_convertible(f)]
     if blocking:
         raise SpecdeployError([Finding("error", f.subject, f"cannot convert: {f.message}", f.fix)
@@ -148,7 +150,7 @@ def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, v
             "target": str(target_dir.resolve()), "format": d.fmt, "actions": actions,
             "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    post = check(out, target_dir, engine, version)
+    post = check(out, target_dir, engine, version, target_check)
     if not post.ok:
         raise SpecdeployError([Finding("error", f.subject, f"converted drafter still fails: {f.message}", f.fix)
                                for f in post.errors])
