@@ -14,6 +14,18 @@ MODEL = REPO / "examples/models/kimi-k2.5-int4"
 DRAFTER = REPO / "examples/models/kimi-k2.5-eagle3"
 
 
+def point_at_loopback(inv: Path) -> Path:
+    """An inventory copy whose every host is 127.0.0.1: a command under test never reaches the example's
+    addresses."""
+    import yaml
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    for group in hosts["all"]["children"].values():
+        for h in (group.get("hosts") or {}).values():
+            h["ansible_host"] = "127.0.0.1"
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    return inv
+
+
 def free_port(host="127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))

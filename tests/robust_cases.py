@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO, point_at_loopback
 
 # what the suite counts, printed by the terminal summary hook in conftest.py
 COUNTS: dict[str, int] = {}
@@ -98,11 +98,7 @@ def _template() -> Path:
     root = Path(tempfile.mkdtemp(prefix="specdeploy-robust-"))
     inv = root / "inventory" / "example"
     shutil.copytree(REPO / "inventory" / "example", inv)
-    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
-    for group in hosts["all"]["children"].values():
-        for h in group["hosts"].values():
-            h["ansible_host"] = "127.0.0.1"
-    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    point_at_loopback(inv)
     models = root / "models"
     shutil.copytree(REPO / "examples" / "models" / "kimi-k2.5-int4", models / "target")
     shutil.copytree(REPO / "examples" / "models" / "kimi-k2.5-eagle3", models / "drafter")

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import REPO, free_port, load, start_exporter, start_sim, stop, wait_http
+from helpers import REPO, free_port, load, point_at_loopback, start_exporter, start_sim, stop, wait_http
 from specdeploy.frontdoor import (HostRow, Run, Target, fleet_status, journal_lines, parse_load, phase_of,
                                   scrape_exporter)
 
@@ -111,11 +111,11 @@ def test_a_rescued_failure_is_not_a_failed_host(tmp_path):
     assert run.rows["a"].result == "ok" and run.exit_code == 0
 
 
-def test_deploy_bad_input_is_a_clean_error(tmp_path):
+def test_deploy_bad_input_is_a_clean_error(tmp_path, example_inv):
     r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "deploy", "-i", str(tmp_path / "nope")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "deploy", "-i", str(REPO / "inventory/example"),
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "deploy", "-i", str(point_at_loopback(example_inv)),
                         "--limit", "no-such-host"], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "report", "--range", "soon"],

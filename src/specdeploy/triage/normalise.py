@@ -43,9 +43,9 @@ STAGE = re.compile(r"^\[(?P<stage>Stage-\d+)\]\s?")
 LEVELS = "DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
 # message headers: (name, pattern); named groups lvl / ts / rank / tags are read when present
 HEADERS = [
-    ("sglang", re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)"
+    ("bracket-date-tp", re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)"
                           r"(?P<tags>(?: (?:DP|TP|PP|EP|CP|ATTN_DP)\d+)*)\]\s?")),
-    ("vllm", re.compile(rf"^(?P<lvl>{LEVELS})\s+(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\s+"
+    ("level-date-src", re.compile(rf"^(?P<lvl>{LEVELS})\s+(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\s+"
                         r"(?:\[[^\]\[]{1,120}[\]\[]{1,2}|[\w./\-]{1,120}\.py:\d+\])\s?")),
     ("kserve", re.compile(rf"^(?P<ts>\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d+) \d+ [\w.\-]+ (?P<lvl>{LEVELS}) "
                           r"\[[^\]]{0,200}\]\s?")),
@@ -97,17 +97,17 @@ def _split_flat(line: str) -> list[str]:
 
 
 class _Header:
-    __slots__ = ("proc", "rank", "ts", "level", "hdr", "sglang")
+    __slots__ = ("proc", "rank", "ts", "level", "hdr", "midline")
 
     def __init__(self):
         self.proc = self.rank = self.ts = self.level = None
-        self.hdr = self.sglang = False
+        self.hdr = self.midline = False
 
 
 _BY_NAME = dict(HEADERS)
 _CANDIDATES = {
-    "[": [(n, _BY_NAME[n]) for n in ("sglang", "bare-src", "torch-rank", "glog")],
-    "A": [(n, _BY_NAME[n]) for n in ("vllm", "uvicorn", "module", "glog-plain", "bare-src")],
+    "[": [(n, _BY_NAME[n]) for n in ("bracket-date-tp", "bare-src", "torch-rank", "glog")],
+    "A": [(n, _BY_NAME[n]) for n in ("level-date-src", "uvicorn", "module", "glog-plain", "bare-src")],
     "0": [(n, _BY_NAME[n]) for n in ("kserve", "bare-src")],
     "a": [("bare-src", _BY_NAME["bare-src"])],
 }
@@ -152,12 +152,12 @@ def _headers(text: str, h: _Header) -> str:
             if not m:
                 continue
             gd = m.groupdict()
-            if name == "sglang":
+            if name == "bracket-date-tp":  # its tracebacks start mid-line
                 tags = gd["tags"].strip()
                 h.proc = h.proc or (tags or "main")
                 r = SGL_TP.search(tags)
                 h.rank = int(r.group(1)) if r else h.rank
-                h.sglang = True
+                h.midline = True
             if gd.get("rank") is not None:
                 h.rank = int(gd["rank"])
                 h.proc = h.proc or f"rank{h.rank}"
@@ -198,7 +198,7 @@ def normalise(lines) -> list[Record]:
             rt = RANK_TXT.match(text)
             if rt and h.rank is None:
                 h.rank = int(rt.group(1))
-            if h.sglang:
+            if h.midline:
                 carry = (h.proc, h.rank, h.ts)
             elif h.proc is None and not h.hdr and carry[0] is not None:
                 h.proc, h.rank, h.ts = carry           # a continuation line of the last SGLang record
