@@ -25,14 +25,19 @@ def strings(node) -> list[str]:
     return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
 
 
+def _modules(models_dir: Path):
+    """(file, parsed module) for every model file that parses."""
+    for f in sorted(models_dir.glob("*.py")):
+        try:
+            yield f, ast.parse(f.read_text(errors="replace"))
+        except SyntaxError:
+            continue
+
+
 def model_classes(models_dir: Path) -> dict[str, dict[str, tuple[list[str], set[str], set[str]]]]:
     """module name -> class name -> (base names, method names, class attribute names) for every model file."""
     out = {}
-    for f in sorted(models_dir.glob("*.py")):
-        try:
-            tree = ast.parse(f.read_text(errors="replace"))
-        except SyntaxError:
-            continue
+    for f, tree in _modules(models_dir):
         classes = {}
         for node in tree.body:
             if isinstance(node, ast.ClassDef):
@@ -73,11 +78,7 @@ def implementers(classes: dict, module: str, cls: str, has) -> bool:
 def entry_classes(models_dir: Path) -> dict[str, str]:
     """Architecture name -> module for SGLang-style ``EntryClass = X`` / ``EntryClass = [X, Y]``."""
     out = {}
-    for f in sorted(models_dir.glob("*.py")):
-        try:
-            tree = ast.parse(f.read_text(errors="replace"))
-        except SyntaxError:
-            continue
+    for f, tree in _modules(models_dir):
         for node in tree.body:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EntryClass"
                                                     for t in node.targets):
