@@ -63,11 +63,11 @@ def _mapping(text: str, where: str) -> dict[str, Any]:
 
 
 def parse_extra_vars(items: list[str] | None, vault: Vault | None = None,
-                     vaulted: set[str] | None = None) -> dict[str, Any]:
+                     vaulted: set[str] | None = None, vaulted_files: list[Path] | None = None) -> dict[str, Any]:
     """``-e`` as ansible-playbook takes it: ``@file`` (YAML or JSON; vault-encrypted or with ``!vault`` values,
     decrypted with ``vault``'s secrets), an inline JSON/YAML mapping (``'{"k": {...}}'``), or space-separated
     ``KEY=VALUE`` pairs (values YAML-typed). Later items win. ``vaulted`` collects the keys whose value came out of
-    a vault."""
+    a vault, ``vaulted_files`` the (absolute) ``@file``s that hold vaulted text."""
     out: dict[str, Any] = {}
     for item in items or []:
         item = item.strip()
@@ -90,6 +90,8 @@ def parse_extra_vars(items: list[str] | None, vault: Vault | None = None,
             if text.lstrip().startswith("$ANSIBLE_VAULT") or "!vault" in text:
                 from .inventory_ansible import vaulted_vars_file
                 data, keys = vaulted_vars_file(p, vault)
+                if vaulted_files is not None:
+                    vaulted_files.append(p.resolve())
                 if vaulted is not None:
                     vaulted.update(keys)
                 out.update(data)

@@ -61,24 +61,17 @@ def _triage_panel(row) -> Panel:
     return Panel(body, title=f"triage: {escape(row.host)}", border_style="red")
 
 
-def _is_vaulted_file(p: Path) -> bool:
-    try:
-        text = p.read_text(errors="replace")
-    except OSError:
-        return False
-    return text.lstrip().startswith("$ANSIBLE_VAULT") or "!vault" in text
-
-
 def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Optional[List[str]],
               events: Optional[Path], skip_preflight: bool, secrets=None):
     from ..frontdoor import PLAYBOOKS, Run, private_dir, redact, run_playbook, targets
     from ..inventory import parse_extra_vars
     out = _console()
     vaulted: set[str] = set()
+    vaulted_paths: list[Path] = []
     try:
         if secrets is not None:  # a secret ansible-playbook could not be given under the runner: before any prompt
             secrets.playbook_args()
-        extra = parse_extra_vars(extra_vars, secrets, vaulted)
+        extra = parse_extra_vars(extra_vars, secrets, vaulted, vaulted_paths)
         hosts, _ = targets(inventory, limit, extra, secrets)
     except SpecdeployError as exc:
         fail(exc)
@@ -124,8 +117,7 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
     shown_extra, hidden = redact(extra, vaulted)
     # values that came out of a vault reach ansible-playbook as their encrypted files, which it decrypts itself:
     # the runner writes its extravars to disk, and a decrypted secret must not be there
-    vaulted_files = [str(Path(i[1:]).resolve()) for i in (extra_vars or []) if i.startswith("@")
-                     and _is_vaulted_file(Path(i[1:]))]
+    vaulted_files = [str(p) for p in vaulted_paths]
     runner_extra = {k: v for k, v in extra.items() if k not in vaulted}
     try:
         run = Run(hosts, events, changed, hidden)
