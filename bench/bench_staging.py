@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from specdeploy import staging
-from specdeploy.safetensors_io import write_sparse
+from specdeploy.hostscripts import staging
+from specdeploy.checks.safetensors_io import write_sparse
 
 
 def make_set(root: Path, gb: float, shards: int) -> int:

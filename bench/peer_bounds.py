@@ -112,7 +112,7 @@ def start_peer() -> tuple[http.server.ThreadingHTTPServer, int]:
 
 EXPORTER = """
 import sys
-import specdeploy.exporter as E
+import specdeploy.speculation.exporter as E
 init = E.SpecCollector.__init__
 def no_cache(self, *a, **k):
     k["cache_s"] = 0.0

@@ -25,7 +25,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=240)
     ap.add_argument("--out", default=str(REPO / "docs/report.png"))
     a = ap.parse_args()
-    from specdeploy.render.prometheus import render_prometheus
+    from specdeploy.plan.render.prometheus import render_prometheus
     tmp = Path(tempfile.mkdtemp())
     procs, targets = [], []
     hosts = {"gpu-a": ("vllm", "127.0.0.5", "0.75", 1.9), "gpu-b": ("sglang", "127.0.0.6", "0.6", 1.4)}

@@ -10,8 +10,8 @@ import tempfile
 from pathlib import Path
 
 from specdeploy.plan import render_host
-from specdeploy.render.systemd import render_router
-from specdeploy.schema import validate_host
+from specdeploy.plan.render.systemd import render_router
+from specdeploy.hostvars.schema import validate_host
 
 BASE = {"specdeploy_engine": "vllm", "specdeploy_engine_version": "0.16.0", "specdeploy_hardware": "h200_nvl8",
         "specdeploy_model_path": "/models/m", "specdeploy_spec_enabled": True, "specdeploy_drafter_path": "/models/d"}

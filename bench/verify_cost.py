@@ -6,7 +6,7 @@ experts of width 2048, top-8, hidden 7168; about 34 GB), draws routing samples (
 rest from the others), captures one CUDA graph per sample and replays them round-robin in a shuffled order
 each round, so decode and verify of every batch are interleaved. Reports per batch and k the verify / decode
 ratio (median over rounds of the per-round ratio of sample means, with min-max), an A/A line (two captures of
-the same decode samples), the achieved bandwidth, and the roofline's prediction from specdeploy.verifycost
+the same decode samples), the achieved bandwidth, and the roofline's prediction from specdeploy.speculation.verifycost
 (both from the expected distinct experts and from the sampled ones). Writes verify_cost.json and
 verify_cost.png under --out.
 
@@ -163,7 +163,7 @@ def main() -> int:
     (a.out / "verify_cost_raw.json").write_text(json.dumps(raw) + "\n")
     print(json.dumps(meta))
     try:
-        import specdeploy.verifycost  # noqa: F401
+        import specdeploy.speculation.verifycost  # noqa: F401
     except ImportError:
         print(f"wrote {a.out / 'verify_cost_raw.json'}; analyse it with --analyze where specdeploy is importable")
         return 0
@@ -172,7 +172,7 @@ def main() -> int:
 
 def analyze(raw: dict, out: Path) -> int:
     """Ratios, spreads, the A/A line and the roofline's prediction from a raw measurement."""
-    from specdeploy.verifycost import distinct_experts, peaks, shape_from_config, step
+    from specdeploy.speculation.verifycost import distinct_experts, peaks, shape_from_config, step
     meta = raw["meta"]
     batches, ks, n_s, n_r, loc = meta["batches"], meta["ks"], meta["samples"], meta["rounds"], meta["locality"]
     times = {(g["kind"], g["batch"], g["k"], g["sample"]): g["ms"] for g in raw["graphs"]}

@@ -196,7 +196,7 @@ GV_LABELS = {"list", "dict", "control", "nan", "negative", "empty", "bool-word",
 
 
 def variable_cases() -> list[Case]:
-    from specdeploy.schema import HostVars
+    from specdeploy.hostvars.schema import HostVars
     cases: list[Case] = []
     for name, f in HostVars.model_fields.items():
         for label, value, expect in bad_values(f.annotation):

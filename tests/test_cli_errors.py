@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from helpers import REPO
-from specdeploy.errors import SpecdeployError
-from specdeploy.inventory import parse_extra_vars
+from specdeploy.values.errors import SpecdeployError
+from specdeploy.hostvars.inventory import parse_extra_vars
 
 EXAMPLE = str(REPO / "inventory/example")
 

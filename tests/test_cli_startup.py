@@ -44,5 +44,5 @@ def test_preflight_loads_the_schema_but_not_ansible_nor_other_commands_libraries
         "except SystemExit as exc:\n"
         "    assert exc.code == 0, exc.code\n"
         "sys.stdout = stdout\n")
-    assert {"pydantic", "specdeploy.preflight", "specdeploy.inventory_native"} <= mods
+    assert {"pydantic", "specdeploy.checks.preflight", "specdeploy.hostvars.inventory_native"} <= mods
     assert loaded(mods, NOT_FOR_PREFLIGHT) == []

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from specdeploy import converged
+from specdeploy.hostscripts import converged
 
-SCRIPT = REPO / "src/specdeploy/converged.py"
+SCRIPT = REPO / "src/specdeploy/hostscripts/converged.py"
 
 
 def run(action: str, state: Path, digest: str, *args: str) -> dict:

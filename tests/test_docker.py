@@ -8,8 +8,8 @@ import zipfile
 
 import pytest
 
-from specdeploy.images import build_plan, image_tag
-from specdeploy.patches import patch_set_id
+from specdeploy.plan.images import build_plan, image_tag
+from specdeploy.plan.patches import patch_set_id
 
 
 def parse(path):
@@ -75,7 +75,7 @@ def test_image_tags_carry_version_and_patch_hash():
 
 
 def _hv(**over):
-    from specdeploy.schema import validate_host
+    from specdeploy.hostvars.schema import validate_host
     v = {"specdeploy_engine": "vllm", "specdeploy_engine_version": "0.16.0", "specdeploy_hardware": "h200_nvl8",
          "specdeploy_model_path": "/models/m", "specdeploy_spec_enabled": True,
          "specdeploy_drafter_path": "/models/d"}
@@ -114,7 +114,7 @@ def test_gpu_flags_follow_the_hardware_profile():
 def test_nccl_tuning_container_is_the_engine_container():
     """Same image, GPUs, IPC, ulimits and read-only model/drafter mounts as the engine unit."""
     from specdeploy.plan import engine_command
-    from specdeploy.render.runtime import exec_argv, tool_container
+    from specdeploy.plan.render.runtime import exec_argv, tool_container
     hv = _hv()
     _, cmd = engine_command(hv)
     e_opts, e_image, _ = _docker_run(exec_argv(hv, cmd.argv, "img:1"))
@@ -140,7 +140,7 @@ ENV = {"TORCH_CUDA_ARCH_LIST": "9.0 10.0", "QUOTED": 'say "hi"', "BACKSLASH": "a
 
 def test_env_file_reads_the_same_in_its_consumer():
     from specdeploy.plan import render_host
-    from specdeploy.render.systemd import parse_env_file
+    from specdeploy.plan.render.systemd import parse_env_file
     docker = render_host("h", _hv(specdeploy_engine_env=ENV)).files["/etc/specdeploy/specdeploy-vllm.env"]
     got = parse_env_file(docker, "docker")
     assert {k: got[k] for k in ENV} == ENV  # docker keeps quotes: the values are written verbatim
@@ -153,7 +153,7 @@ def test_env_file_reads_the_same_in_its_consumer():
     assert {k: got[k] for k in ENV} == ENV
     # a newline is refused by the schema, naming the variable; the renderer refuses it again for a value that
     # did not come through the schema
-    from specdeploy.errors import SpecdeployError
+    from specdeploy.values.errors import SpecdeployError
     with pytest.raises(SpecdeployError, match="specdeploy_engine_env.*newline"):
         _hv(specdeploy_engine_env={"X": "a\nb"})
     with pytest.raises(ValueError, match="newline"):
@@ -161,7 +161,7 @@ def test_env_file_reads_the_same_in_its_consumer():
 
 
 def test_wheelhouse_targets_the_hosts_python(tmp_path):
-    from specdeploy.wheelhouse import TargetError, target_args
+    from specdeploy.ops.wheelhouse import TargetError, target_args
     args = target_args("3.12:x86_64:2.36")
     assert args[args.index("--python-version") + 1] == "3.12" and "cp312" in args
     plats = [args[i + 1] for i, a in enumerate(args) if a == "--platform"]
@@ -214,7 +214,7 @@ def test_api_key_files_are_where_the_unit_reads_them_in_the_form_the_engine_read
 
 
 def test_an_api_key_the_env_file_readers_disagree_on_is_refused_with_the_field_and_a_fix(tmp_path):
-    from specdeploy.errors import SpecdeployError
+    from specdeploy.values.errors import SpecdeployError
     from specdeploy.plan import secret_files
     hv = _hv(specdeploy_api_key_file=str(tmp_path / "key"))
     for bad in ('a"b', "a b", "a\\b", "", "x'y"):
@@ -233,7 +233,7 @@ def test_plan_names_the_other_engines_files_for_a_switch():
 
 
 def test_preflight_names_an_api_key_the_engine_could_not_read(tmp_path):
-    from specdeploy.preflight import preflight_host
+    from specdeploy.checks.preflight import preflight_host
     (tmp_path / "key").write_text('my "key"\n')
     v = {"specdeploy_engine": "vllm", "specdeploy_engine_version": "0.16.0", "specdeploy_hardware": "h200_nvl8",
          "specdeploy_model_path": "/models/m", "specdeploy_spec_enabled": False,

@@ -15,12 +15,14 @@ from typer.testing import CliRunner
 
 import engines_fake
 from helpers import free_port, wait_http
-from specdeploy import engines, metrics, monitoring
+from specdeploy import engines
+from specdeploy.values import metrics
+from specdeploy.speculation import monitoring
 from specdeploy.cli import app
-from specdeploy.errors import SpecdeployError
-from specdeploy.exporter import SpecCollector, parse_engine_metrics
-from specdeploy.schema import validate_host
-from specdeploy.schema_docs import field_spec
+from specdeploy.values.errors import SpecdeployError
+from specdeploy.speculation.exporter import SpecCollector, parse_engine_metrics
+from specdeploy.hostvars.schema import validate_host
+from specdeploy.hostvars.schema_docs import field_spec
 
 TESTS = Path(__file__).resolve().parent
 MODEL = TESTS.parent / "examples/models/kimi-k2.5-int4"

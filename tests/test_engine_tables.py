@@ -7,7 +7,9 @@ import pytest
 from contract.spans import claimed_spans, endpoints, in_span
 from packaging.version import Version
 
-from specdeploy import engines, upstream
+from specdeploy import engines
+
+from specdeploy.engines import upstream
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "specdeploy"
 
@@ -76,7 +78,7 @@ def test_fetch_takes_a_wheel_for_linux_x86_64_python3():
 
 
 def test_sglang_api_key_goes_through_config_only_where_the_release_has_it():
-    from specdeploy.schema import HostVars
+    from specdeploy.hostvars.schema import HostVars
     base = {"specdeploy_engine": "sglang", "specdeploy_hardware": "h200_nvl8", "specdeploy_model_path": "/m",
             "specdeploy_spec_enabled": False, "specdeploy_api_key_file": "/keys/k"}
     old = HostVars(**base, specdeploy_engine_version="0.5.2")

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from helpers import free_port, load, scrape, start_exporter, start_sim, stop
-from specdeploy.exporter import ParseError, parse_engine_metrics
+from specdeploy.speculation.exporter import ParseError, parse_engine_metrics
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
@@ -41,7 +41,7 @@ def test_exporter_maps_both_engines_to_one_set_of_names(engine):
 def test_window_covers_only_recent_samples():
     """High acceptance first, then none: a short window shows only the recent rate; a single sample shows the
     cumulative figure since engine start."""
-    from specdeploy.exporter import Sample, SpecCollector
+    from specdeploy.speculation.exporter import Sample, SpecCollector
     c = SpecCollector("vllm", "http://127.0.0.1:1", window=10)
     now = time.monotonic()
     c.samples.extend([Sample(now - 30, 100, 300, 240, {"0": 90, "1": 80, "2": 70}, has_counters=True),
@@ -148,7 +148,7 @@ def test_sglang_speculation_off_zeros_are_no_figure():
             'sglang:num_running_reqs{tp_rank="0"} 4.0\n')
     s = parse_engine_metrics("sglang", text, 0)
     assert s.al is None and s.rate is None
-    from specdeploy.exporter import SpecCollector
+    from specdeploy.speculation.exporter import SpecCollector
     c = SpecCollector("sglang", "http://127.0.0.1:1")
     fams = {f.name: f for f in c._spec([s, parse_engine_metrics("sglang", text, 1)])}
     assert fams["specdeploy_spec_acceptance_length"].samples == []
@@ -233,7 +233,7 @@ GOOD_GATE = {"verdict": "keep", "timestamp": 1.7e9, "levels": [{"concurrency": 8
     ("release", b"r-1\x1b[31m\n", "control characters"),
 ])
 def test_a_bad_input_file_drops_only_its_own_figures(engine, tmp_path, caplog, kind, content, problem):
-    from specdeploy.exporter import SpecCollector
+    from specdeploy.speculation.exporter import SpecCollector
     _, url = engine()
     gate, release = tmp_path / "gate" / "report.json", tmp_path / "current"
     gate.parent.mkdir()
@@ -241,7 +241,7 @@ def test_a_bad_input_file_drops_only_its_own_figures(engine, tmp_path, caplog, k
     release.write_text("r-2026-12-01\n")
     (gate if kind == "gate" else release).write_bytes(content)
     c = SpecCollector("vllm", url, gate_file=gate, release_file=release, cache_s=0)
-    with caplog.at_level("WARNING", logger="specdeploy.exporter"):
+    with caplog.at_level("WARNING", logger="specdeploy.speculation.exporter"):
         m = _collect(c)
         again = _collect(c)
     assert m["specdeploy_engine_up"] == 1 and again["specdeploy_engine_up"] == 1
@@ -281,7 +281,7 @@ def test_a_bad_gate_file_still_gets_http_200_from_the_exporter(tmp_path, engine)
 
 @pytest.mark.parametrize("length", [True, False])
 def test_an_oversized_engine_page_is_a_failed_scrape_not_held(engine, length):
-    from specdeploy.exporter import SpecCollector
+    from specdeploy.speculation.exporter import SpecCollector
     page = VLLM_PAGE + b'vllm:spec_decode_num_drafts_total{model_name="m",pad="%s"} 1\n' % (b"x" * 1000) * 9000
     assert len(page) > 8 << 20
     _, url = engine(page, length)
@@ -296,7 +296,7 @@ def test_a_trickling_engine_is_cut_at_the_exporters_deadline():
     """The engine sends a byte every 0.1 s: a per-read timeout never fires, the total deadline does."""
     import socket
 
-    from specdeploy.exporter import SpecCollector
+    from specdeploy.speculation.exporter import SpecCollector
     lsn = socket.socket()
     lsn.bind(("127.0.0.1", 0))
     lsn.listen(1)
@@ -328,7 +328,7 @@ def test_a_trickling_engine_is_cut_at_the_exporters_deadline():
 
 
 def test_figures_older_than_the_window_are_dropped_after_the_engine_dies(engine):
-    from specdeploy.exporter import SpecCollector
+    from specdeploy.speculation.exporter import SpecCollector
     srv, url = engine()
     c = SpecCollector("vllm", url, window=1.5, cache_s=0)
     live = _collect(c)
@@ -369,7 +369,7 @@ def test_a_fifo_in_place_of_the_gate_file_does_not_hang_a_scrape(tmp_path):
     import os
     import time
 
-    from specdeploy.exporter import _read_small
+    from specdeploy.speculation.exporter import _read_small
     fifo = tmp_path / "report.json"
     os.mkfifo(fifo)
     t0 = time.monotonic()

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from helpers import REPO, free_port, load, point_at_loopback, start_exporter, start_sim, stop, wait_http
-from specdeploy.frontdoor import (HostRow, Run, Target, fleet_status, journal_lines, parse_load, phase_of,
+from specdeploy.ops.frontdoor import (HostRow, Run, Target, fleet_status, journal_lines, parse_load, phase_of,
                                   scrape_exporter)
 
 
@@ -134,8 +134,8 @@ def test_preflight_errors_stop_the_deploy_before_ansible(example_inv, tmp_path):
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus package")
 def test_status_and_report_from_live_exporters_and_prometheus(tmp_path):
-    from specdeploy.render.prometheus import render_prometheus
-    from specdeploy.report import render
+    from specdeploy.plan.render.prometheus import render_prometheus
+    from specdeploy.speculation.report import render
     addr = "127.0.0.4"
     ep, xp = free_port(addr), free_port(addr)
     procs = [start_sim("sglang", addr, ep, {"SPECDEPLOY_SIM_ACCEPTANCE": "0.8"})]
@@ -196,7 +196,7 @@ def test_host_row_defaults():
 def test_staging_progress_from_a_real_rsync_log_and_a_hosts_progress_file(tmp_path, monkeypatch):
     """A `controller` copy: the progress rsync itself wrote (--info=progress2) into the controller log; a `shared`
     copy: the host's progress file, read over the host's ssh command (here a local shell)."""
-    from specdeploy import staging
+    from specdeploy.hostscripts import staging
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)
     src = tmp_path / "src"
@@ -216,7 +216,7 @@ def test_staging_progress_from_a_real_rsync_log_and_a_hosts_progress_file(tmp_pa
     state = tmp_path / "state"
     state.mkdir()
     (state / "staging-drafter.json").write_text(json.dumps({"line": "1.00/2.00 GB, 0.50 GB/s, ETA 2s"}))
-    monkeypatch.setattr("specdeploy.render.paths.STATE_DIR", str(state))
+    monkeypatch.setattr("specdeploy.plan.render.paths.STATE_DIR", str(state))
     run.targets["gpu-b"] = Target("gpu-b", "x", "vllm", 1, 2, "u", ["bash", "-c"])
     assert run.poll_stage("gpu-b") == "drafter 1.00/2.00 GB, 0.50 GB/s, ETA 2s"
 
@@ -358,7 +358,7 @@ def test_report_parses_its_range_strictly(rng, words):
 
 
 def test_durations():
-    from specdeploy.argcheck import duration
+    from specdeploy.hostvars.argcheck import duration
     assert duration("30m", "--range") == 1800 and duration("1h30m", "--range") == 5400
     assert duration("2d", "--range") == 172800 and duration("500ms", "--range") == 0.5
 

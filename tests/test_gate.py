@@ -134,13 +134,13 @@ def test_gate_with_failing_requests_refuses_to_decide(engines, tmp_path):
     assert rep["verdict"] is None and rep["failed_requests"] == 12 and rep["sent_requests"] == 16
     assert "12 of 16 requests failed" in rep["refused"]
     assert "failed 12/16" in r.stdout and "refused to decide" in r.stderr
-    from specdeploy.gate import verdict_overrides
+    from specdeploy.speculation.gate import verdict_overrides
     assert verdict_overrides(rep) == {}  # nothing to apply: the previous decision stays
     assert base["failed_requests"] == 0
 
 
 def test_nothing_measured_is_no_verdict():
-    from specdeploy.gate import decide, refusal
+    from specdeploy.speculation.gate import decide, refusal
     levels = [{"concurrency": 1, "requests": 16, "errors": 0, "speedup": None}]
     assert decide(levels, 3)[0] is None
     assert refusal(levels, {"levels": []}).startswith("nothing measured")
@@ -172,9 +172,9 @@ def _serve_metrics(text: str):
 def test_gate_reads_metrics_as_the_exporter_does():
     """The gate's reading of /metrics is the exporter's: counters summed over ranks, acceptance gauges averaged
     over the ranks that report one (0: no figure), inter-token latency sums; no engine metrics is a finding."""
-    from specdeploy.errors import SpecdeployError
-    from specdeploy.exporter import parse_engine_metrics
-    from specdeploy.gate import read_metrics
+    from specdeploy.values.errors import SpecdeployError
+    from specdeploy.speculation.exporter import parse_engine_metrics
+    from specdeploy.speculation.gate import read_metrics
     sg = ("# TYPE sglang:spec_accept_length gauge\n"
           'sglang:spec_accept_length{tp_rank="0"} 3.0\nsglang:spec_accept_length{tp_rank="1"} 0.0\n'
           'sglang:spec_accept_length{tp_rank="2"} 2.0\n'
@@ -304,7 +304,7 @@ def test_float_options_refuse_nan_inf_and_negatives(cmd, option, value):
 
 
 def test_breakeven_itself_refuses_nan():
-    from specdeploy.gate import breakeven
+    from specdeploy.speculation.gate import breakeven
     for args in ((float("nan"), 1.3), (2.5, float("nan")), (2.5, 1.3, float("nan"))):
         with pytest.raises(ValueError):
             breakeven(*args)

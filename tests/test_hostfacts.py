@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from helpers import REPO
-from specdeploy import hostfacts as hf
-from specdeploy.hardware import PROFILES
-from specdeploy.schema import validate_host
+from specdeploy.gpuhost import hostfacts as hf
+from specdeploy.values.hardware import PROFILES
+from specdeploy.hostvars.schema import validate_host
 
 DATA = REPO / "tests/data/hosts"
 INDEX = yaml.safe_load((DATA / "index.yml").read_text())

@@ -16,13 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from unitcheck import exec_argv, have_analyze, unit_exec, verify
 
-from specdeploy.errors import SpecdeployError
+from specdeploy.values.errors import SpecdeployError
 from specdeploy.plan import engine_command, render_host
-from specdeploy.render import runtime
-from specdeploy.render.prometheus import render_prometheus
-from specdeploy.render.quoting import parse_env_file
-from specdeploy.render.systemd import render_router
-from specdeploy.schema import FIELDS, validate_host
+from specdeploy.plan.render import runtime
+from specdeploy.plan.render.prometheus import render_prometheus
+from specdeploy.plan.render.quoting import parse_env_file
+from specdeploy.plan.render.systemd import render_router
+from specdeploy.hostvars.schema import FIELDS, validate_host
 
 BASE = {"specdeploy_engine": "vllm", "specdeploy_engine_version": "0.16.0", "specdeploy_hardware": "h200_nvl8",
         "specdeploy_model_path": "/models/m", "specdeploy_spec_enabled": True, "specdeploy_drafter_path": "/models/d"}
@@ -109,7 +109,7 @@ def test_bad_engine_env_fails_in_preflight_not_later_in_plan(repo, tmp_path):
     r = cli("plan", "-i", str(repo / "inventory/example"), "-e",
             json.dumps({"specdeploy_engine_env": {"X": "a\nb"}}), "--json")
     assert r.returncode == 2 and "specdeploy_engine_env" in r.stderr and "Traceback" not in r.stderr
-    from specdeploy.preflight import preflight
+    from specdeploy.checks.preflight import preflight
     for evil in ({"X": "a\nb"}, {"X\n": "b"}, {"A B": "c"}):
         reports = preflight(str(repo / "inventory/example"), extra={"specdeploy_engine_env": evil})
         errors = [f for f in reports["gpu-a"].findings if f.severity == "error"]

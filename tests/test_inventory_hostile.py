@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy.errors import SpecdeployError
-from specdeploy.inventory_files import MAX_BYTES, check_text
+from specdeploy.values.errors import SpecdeployError
+from specdeploy.hostvars.inventory_files import MAX_BYTES, check_text
 
 # an Ansible setting this reader does not take: the inventory is read through Ansible's API instead
 READERS = {"native": {}, "ansible": {"ANSIBLE_DUPLICATE_YAML_DICT_KEY": "warn"}}

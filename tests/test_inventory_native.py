@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specdeploy import inventory_native
+from specdeploy.hostvars import inventory_native
 from specdeploy.testing import sandbox
-from specdeploy.errors import SpecdeployError
-from specdeploy.inventory import ansible_host_variables, host_variables
-from specdeploy.inventory_native import Unsupported
+from specdeploy.values.errors import SpecdeployError
+from specdeploy.hostvars.inventory import ansible_host_variables, host_variables
+from specdeploy.hostvars.inventory_native import Unsupported
 
 # magic variables Ansible adds that specdeploy never reads (the reader would need Ansible to know them)
 ANSIBLE_ONLY = {"ansible_config_file", "ansible_facts", "ansible_playbook_python", "ansible_version"}

@@ -88,8 +88,8 @@ def test_plan_and_preflight_of_a_vaulted_inventory_are_the_plain_ones(trees, kin
     assert want.returncode == 0 and got.returncode == 0, got.stderr
     assert same(inv, plain, got.stdout) == want.stdout
     assert "--served-model-name moonshotai/Kimi-K2.5" in got.stdout
-    from specdeploy.inventory import load
-    from specdeploy.inventory_ansible import Vault
+    from specdeploy.hostvars.inventory import load
+    from specdeploy.hostvars.inventory_ansible import Vault
     hosts = {h.name: h.vars for h in load(inv, vault=Vault.of(password_files=[str(pw)])).engine_hosts}
     assert hosts["gpu-a"]["specdeploy_drafter_path"] == "/models/kimi-k2.5-eagle3"
     assert hosts["gpu-b"]["specdeploy_nccl_env"] == {"NCCL_P2P_LEVEL": "SYS"}
@@ -165,9 +165,9 @@ def test_a_missing_or_wrong_vault_secret_is_a_finding(trees, tmp_path, kind, whe
 
 
 def test_a_vaulted_extra_vars_file_is_read_and_redacted(trees, tmp_path):
-    from specdeploy.frontdoor import redact
-    from specdeploy.inventory import parse_extra_vars
-    from specdeploy.inventory_ansible import Vault
+    from specdeploy.ops.frontdoor import redact
+    from specdeploy.hostvars.inventory import parse_extra_vars
+    from specdeploy.hostvars.inventory_ansible import Vault
     pw = trees["pw"]
     f = tmp_path / "secret.yml"
     f.write_text("specdeploy_port: 8123\n" + vault_cli("encrypt_string", "--vault-password-file", str(pw),

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from specdeploy.engines import get_adapter
-from specdeploy.errors import SpecdeployError
-from specdeploy.schema import validate_host
+from specdeploy.values.errors import SpecdeployError
+from specdeploy.hostvars.schema import validate_host
 
 BASE = {"specdeploy_hardware": "rtx_pro_6000_pcie", "specdeploy_model_path": "/models/k"}
 

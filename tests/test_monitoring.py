@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from helpers import REPO, free_port, load, start_exporter, start_sim, stop, wait_http
-from specdeploy.monitoring import dashboard_json, panel_queries, render_rules
-from specdeploy.render.prometheus import render_prometheus
+from specdeploy.speculation.monitoring import dashboard_json, panel_queries, render_rules
+from specdeploy.plan.render.prometheus import render_prometheus
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus package "
                                 "(scripts/setup.sh installs it)")

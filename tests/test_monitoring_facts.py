@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from helpers import REPO
-from specdeploy.monitoring import gpg_key_problem, panels, render_rules
-from specdeploy.render.prometheus import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT, render_prometheus
+from specdeploy.speculation.monitoring import gpg_key_problem, panels, render_rules
+from specdeploy.plan.render.prometheus import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT, render_prometheus
 
 FACTS = yaml.safe_load((REPO / "tests/data/monitoring-facts.yml").read_text())
 ROLE = REPO / "ansible/roles/monitoring"

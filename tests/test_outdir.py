@@ -1,4 +1,4 @@
-"""Commands that write a whole --out directory never delete what they did not write (specdeploy.outdir)."""
+"""Commands that write a whole --out directory never delete what they did not write (specdeploy.plan.outdir)."""
 import json
 import subprocess
 import sys
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy.errors import SpecdeployError
-from specdeploy.outdir import MARKER, atomic_output_dir
+from specdeploy.values.errors import SpecdeployError
+from specdeploy.plan.outdir import MARKER, atomic_output_dir
 
 
 def snapshot(root: Path) -> dict:
@@ -124,7 +124,8 @@ def test_a_failure_while_writing_leaves_nothing_and_the_old_output_in_place(tmp_
 
 
 def test_failed_standin_leaves_the_directory_as_it_was(tmp_path, monkeypatch):
-    from specdeploy import images, upstream
+    from specdeploy.plan import images
+    from specdeploy.engines import upstream
 
     def offline(engine, version):
         raise upstream.UpstreamError("no package index (test)")
@@ -154,7 +155,8 @@ def test_standin_cli_refuses_a_non_output_directory(tmp_path):
 
 
 def test_standin_replaces_its_own_output(tmp_path, monkeypatch):
-    from specdeploy import images, upstream
+    from specdeploy.plan import images
+    from specdeploy.engines import upstream
     src = tmp_path / "src"
     (src / "vllm").mkdir(parents=True)
     (src / "vllm" / "__init__.py").write_text("# v\n")

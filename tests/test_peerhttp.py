@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from specdeploy import peerhttp
+from specdeploy.values import peerhttp
 
 
 class RawPeer:

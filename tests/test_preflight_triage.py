@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from specdeploy.gate import breakeven
-from specdeploy.preflight import preflight
+from specdeploy.speculation.gate import breakeven
+from specdeploy.checks.preflight import preflight
 
 
 def run_pf(repo, inv="example", **extra):
@@ -95,7 +95,7 @@ def test_breakeven_examples():
 
 
 def test_gate_decisions():
-    from specdeploy.gate import decide, predict_k, verdict_overrides
+    from specdeploy.speculation.gate import decide, predict_k, verdict_overrides
     # position 0 accepts often, later positions rarely, and the draft is expensive: k=1 is predicted better
     lv = {"speedup": 2.03 / 1.9, "per_position": [0.85, 0.15, 0.03], "step_ratio": 1.9, "acceptance_length": 2.03}
     preds = predict_k(lv["per_position"], lv["step_ratio"], 3)

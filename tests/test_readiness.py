@@ -1,6 +1,6 @@
 """Fail-fast readiness: a crash loop ends the wait within a poll, the ready timeout is wall time for an engine
 that stays up, and the wait comes in slices that share one baseline."""
-from specdeploy.readiness import CRASHED, READY, TIMEOUT, WAITING, crash_reason, wait
+from specdeploy.checks.readiness import CRASHED, READY, TIMEOUT, WAITING, crash_reason, wait
 
 UP = {"ActiveState": "activating", "SubState": "start", "Result": "success", "NRestarts": "0",
       "ExecMainStatus": "0", "ExecMainCode": "0", "InvocationID": "aaa"}

@@ -47,7 +47,7 @@ def test_tuned_nccl_env_reaches_unit_env(repo):
 
 def test_systemd_exec_line_round_trips_argv(repo):
     """The ExecStart line, parsed with systemd's quoting rules, gives back exactly the argv."""
-    from specdeploy.render.systemd import systemd_quote
+    from specdeploy.plan.render.systemd import systemd_quote
     from unitcheck import exec_argv
     import shlex
     argv = ["vllm", "serve", "/m", "--speculative-config", '{"a":"b c","d":1}', "50%", "$HOME"]

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 import robust_cases as rc
 from specdeploy.cli import app
-from specdeploy.errors import SpecdeployError
+from specdeploy.values.errors import SpecdeployError
 
 REPO = rc.REPO
 CASES = rc.all_cases()
@@ -60,7 +60,7 @@ def _fill(s: str, ctx: dict) -> str:
 def run_inprocess(argv: list[str], cwd: Path, timeout: float, monkeypatch=None, no_pip: bool = False):
     """(exit code, output, traceback text or None, seconds)."""
     if no_pip:
-        import specdeploy.wheelhouse as wh
+        import specdeploy.ops.wheelhouse as wh
 
         class NoPip:
             @staticmethod
@@ -173,7 +173,7 @@ def test_case_subprocess(case: rc.Case, tmp_path):
 
 def test_corpus_covers_every_variable_and_command():
     """The seed corpus reaches every HostVars field and every command the brief lists."""
-    from specdeploy.schema import HostVars
+    from specdeploy.hostvars.schema import HostVars
     ids = " ".join(c.id for c in CASES)
     missing = [f for f in HostVars.model_fields if f"gv-{f}-" not in ids or f"ejson-{f}-" not in ids]
     assert not missing
@@ -190,7 +190,7 @@ def test_corpus_covers_every_variable_and_command():
 VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
                                                                                   max_size=3), max_leaves=6)
-FIELDS = sorted(__import__("specdeploy.schema", fromlist=["HostVars"]).HostVars.model_fields)
+FIELDS = sorted(__import__("specdeploy.hostvars.schema", fromlist=["HostVars"]).HostVars.model_fields)
 HSET = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

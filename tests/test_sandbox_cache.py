@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy.errors import SpecdeployError
+from specdeploy.values.errors import SpecdeployError
 from specdeploy.testing import cache, sandbox
 
 

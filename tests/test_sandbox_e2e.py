@@ -86,7 +86,7 @@ def chat(base: str, timeout=30) -> dict:
 def test_full_deploy_to_two_hosts(inv):
     rc, out, recap = play(inv, playbook="site.yml")
     assert rc == 0, out[-3000:]
-    from specdeploy.images import image_tag
+    from specdeploy.plan.images import image_tag
     for h in (H1, H2):
         assert chat(f"http://{h}:8000")["choices"][0]["message"]["content"]
         assert ssh(h, "systemctl is-active specdeploy-vllm specdeploy-exporter").split() == ["active", "active"]

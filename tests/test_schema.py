@@ -4,10 +4,10 @@ import sys
 import pytest
 import yaml
 
-from specdeploy.errors import SpecdeployError
-from specdeploy.inventory import load, parse_extra_vars
-from specdeploy.schema import FIELDS, validate_host
-from specdeploy.schema_docs import ROLE_VARS, argument_specs, variables_markdown
+from specdeploy.values.errors import SpecdeployError
+from specdeploy.hostvars.inventory import load, parse_extra_vars
+from specdeploy.hostvars.schema import FIELDS, validate_host
+from specdeploy.hostvars.schema_docs import ROLE_VARS, argument_specs, variables_markdown
 
 BASE = {"specdeploy_engine": "vllm", "specdeploy_engine_version": "0.16.0",
         "specdeploy_hardware": "rtx_pro_6000_pcie", "specdeploy_model_path": "/models/k"}
@@ -85,7 +85,7 @@ def test_argument_specs_match_schema(repo):
 
 
 def test_role_defaults_match_schema(repo):
-    from specdeploy.schema_docs import role_defaults_yaml
+    from specdeploy.hostvars.schema_docs import role_defaults_yaml
     for role in ROLE_VARS:
         path = repo / "ansible" / "roles" / role / "defaults" / "main" / "schema.yml"
         assert path.read_text() == role_defaults_yaml(role), f"regenerate: specdeploy schema defaults {role}"
@@ -104,7 +104,7 @@ def test_role_defaults_pass_their_own_argument_specs(repo):
     import yaml
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-    from specdeploy.schema_docs import ROLE_VARS, argument_specs, role_defaults
+    from specdeploy.hostvars.schema_docs import ROLE_VARS, argument_specs, role_defaults
     for role in ROLE_VARS:
         spec = argument_specs(role)["argument_specs"]["main"]["options"]
         sample = {"str": "x", "int": 1, "bool": True, "float": 1.0, "dict": {}, "list": [], "raw": "x"}

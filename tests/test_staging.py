@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from specdeploy import staging
+from specdeploy.hostscripts import staging
 from specdeploy.testing.fixtures import write_model
 
 CONFIG = json.loads((REPO / "examples/models/kimi-k2.5-int4/config.json").read_text())
-SCRIPT = REPO / "src/specdeploy/staging.py"
+SCRIPT = REPO / "src/specdeploy/hostscripts/staging.py"
 
 
 @pytest.fixture
@@ -181,7 +181,7 @@ BASE = {"specdeploy_engine": "vllm", "specdeploy_engine_version": "0.16.0",
 
 
 def errors(variables: dict, base: Path | None = None) -> list:
-    from specdeploy.preflight import preflight_host
+    from specdeploy.checks.preflight import preflight_host
     return [f for f in preflight_host("gpu-x", {**BASE, **variables}, base).findings if f.severity == "error"]
 
 
@@ -235,7 +235,7 @@ def test_controller_copy_stops_the_copy_an_interrupted_run_left_going(tmp_path):
     """Stopping a play leaves its copy running (Ansible's workers run in sessions of their own): the next copy to
     the same destination stops that one first, and only that one."""
     log = tmp_path / "stage.log"
-    script = [sys.executable, "-m", "specdeploy.staging", "copy", "--log", str(log), "--"]
+    script = [sys.executable, "-m", "specdeploy.hostscripts.staging", "copy", "--log", str(log), "--"]
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     dest = "root@10.0.0.9:/srv/models/.m.specdeploy/x.partial/"
     first = subprocess.Popen(script + ["sh", "-c", "printf '  1,024  10%%   1.00MB/s    0:00:09\\r'; exec sleep 60",
@@ -279,7 +279,7 @@ def test_controller_copy_never_leaves_its_copy_unrecorded(tmp_path):
     log = tmp_path / "stage.log"
     (tmp_path / "stage.log.pid.tmp").mkdir()
     marker = tmp_path / "still-running"
-    r = subprocess.run([sys.executable, "-m", "specdeploy.staging", "copy", "--log", str(log), "--", "sh", "-c",
+    r = subprocess.run([sys.executable, "-m", "specdeploy.hostscripts.staging", "copy", "--log", str(log), "--", "sh", "-c",
                         f"sleep 3; touch {marker}", "dest"], env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
@@ -288,6 +288,6 @@ def test_controller_copy_never_leaves_its_copy_unrecorded(tmp_path):
 
 
 def test_controller_copy_without_a_command_is_a_clean_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "specdeploy.staging", "copy", "--log", str(tmp_path / "l")],
+    r = subprocess.run([sys.executable, "-m", "specdeploy.hostscripts.staging", "copy", "--log", str(tmp_path / "l")],
                        env=dict(os.environ, PYTHONPATH=str(REPO / "src")), capture_output=True, text=True)
     assert r.returncode == 2 and "Fix:" in r.stderr and "Traceback" not in r.stderr

@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from helpers import REPO
-from specdeploy.errors import SpecdeployError
-from specdeploy.verifycost import (distinct_experts, distinct_uniform, gate_margin, load_target, load_trace, peaks,
+from specdeploy.values.errors import SpecdeployError
+from specdeploy.speculation.verifycost import (distinct_experts, distinct_uniform, gate_margin, load_target, load_trace, peaks,
                                    predict, shape_from_config)
 
 KIMI = REPO / "examples/models/kimi-k2.5-int4"
@@ -84,7 +84,7 @@ def test_kimi_layer_brackets_the_measured_band_and_the_int4_target_is_cheaper():
 
 
 def test_the_margin_is_the_gates():
-    from specdeploy.gate import breakeven
+    from specdeploy.speculation.gate import breakeven
     assert gate_margin() == breakeven(2.0, 1.0).margin
 
 

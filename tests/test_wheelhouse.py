@@ -9,7 +9,7 @@ import sys
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
-from specdeploy.wheelhouse import HOST_REQUIREMENTS
+from specdeploy.ops.wheelhouse import HOST_REQUIREMENTS
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "specdeploy"
 HOST_ENTRY = ["cli", "cli.host", "cli.drafter", "cli.patch", "cli.ops", "drafter", "exporter", "triage", "readiness",

@@ -21,8 +21,8 @@ def _ours(variables) -> dict:
 
 
 def _validated(variables, host, overrides=None):
-    from specdeploy.errors import SpecdeployError
-    from specdeploy.schema import validate_host
+    from specdeploy.values.errors import SpecdeployError
+    from specdeploy.hostvars.schema import validate_host
     v = _ours(variables)
     v.update(_plain(overrides or {}))
     try:
@@ -42,7 +42,7 @@ def specdeploy_plan(variables, host, overrides=None):
 def specdeploy_secret_files(variables, host, key=""):
     """Path -> content of the 0600 files that carry the API key ``key`` to this host's engine, in its adapter's
     form; empty without specdeploy_api_key_file."""
-    from specdeploy.errors import SpecdeployError
+    from specdeploy.values.errors import SpecdeployError
     from specdeploy.plan import secret_files
     _, hv = _validated(variables, host)
     try:
@@ -59,7 +59,7 @@ def specdeploy_profile(variables, host):
 
 def specdeploy_preflight(variables, host, inventory_dir=None):
     from pathlib import Path
-    from specdeploy.preflight import preflight_host
+    from specdeploy.checks.preflight import preflight_host
     rep = preflight_host(host, _ours(variables), Path(inventory_dir) if inventory_dir else None)
     out = rep.to_dict()
     out["lines"] = [f.line() for f in rep.findings if f.severity != "info"]
@@ -83,29 +83,29 @@ def specdeploy_targets(hostvars, hosts):
 
 
 def specdeploy_prometheus(targets, rules_files=None, scrape_interval="15s"):
-    from specdeploy.render.prometheus import render_prometheus
+    from specdeploy.plan.render.prometheus import render_prometheus
     return render_prometheus(_plain(targets), _plain(rules_files or []), scrape_interval)
 
 
 def specdeploy_rules(_=None, **overrides):
-    from specdeploy.monitoring import render_rules
+    from specdeploy.speculation.monitoring import render_rules
     return render_rules(**overrides)
 
 
 def specdeploy_dashboard(_=None):
-    from specdeploy.monitoring import dashboard_json
+    from specdeploy.speculation.monitoring import dashboard_json
     return dashboard_json()
 
 
 def specdeploy_grafana(prometheus_url, kind, path=""):
-    from specdeploy.monitoring import grafana_dashboard_provider, grafana_datasource
+    from specdeploy.speculation.monitoring import grafana_dashboard_provider, grafana_datasource
     return grafana_datasource(prometheus_url) if kind == "datasource" else grafana_dashboard_provider(path)
 
 
 def specdeploy_image(variables, host, source="unknown"):
     """How to build the host's engine image (tag, Dockerfile, build args; the sandbox's stand-in base)."""
     _, hv = _validated(variables, host)
-    from specdeploy.images import build_plan
+    from specdeploy.plan.images import build_plan
     return build_plan(hv.specdeploy_engine, hv.specdeploy_engine_version, hv.specdeploy_engine_patches,
                       hv.specdeploy_sandbox, hv.specdeploy_image, str(source))
 
@@ -113,12 +113,12 @@ def specdeploy_image(variables, host, source="unknown"):
 def specdeploy_tool_container(variables, host, name, args, rw_mounts=(), module=True):
     """A command in the engine's environment (same image, GPUs, mounts, ulimits as the engine unit)."""
     _, hv = _validated(variables, host)
-    from specdeploy.render.runtime import tool_container
+    from specdeploy.plan.render.runtime import tool_container
     return tool_container(hv, str(name), [str(a) for a in args], tuple(str(m) for m in rw_mounts), bool(module))
 
 
 def specdeploy_router_unit(hostvars, hosts, router_port, venv):
-    from specdeploy.render.systemd import render_router
+    from specdeploy.plan.render.systemd import render_router
     urls = []
     for h in hosts:
         v, hv = _validated(hostvars[h], h)
@@ -128,20 +128,20 @@ def specdeploy_router_unit(hostvars, hosts, router_port, venv):
 
 def specdeploy_gate_verdict(report):
     """The inventory overrides that apply a gate report's verdict."""
-    from specdeploy.gate import verdict_overrides
+    from specdeploy.speculation.gate import verdict_overrides
     return verdict_overrides(_plain(report))
 
 
 def specdeploy_gather_script(_=None):
     """The read-only script that shows a GPU host as the host checks read it."""
-    from specdeploy.hostfacts import gather_script
+    from specdeploy.gpuhost.hostfacts import gather_script
     return gather_script()
 
 
 def specdeploy_host_check(variables, host, output, acs_disable=False):
     """What the gather script's output says about the host: facts, findings (lines), the install plan, and the
     decisions the gpu_host role applies (ACS, NCCL P2P, reboot)."""
-    from specdeploy.hostfacts import host_decisions
+    from specdeploy.gpuhost.hostfacts import host_decisions
     v, hv = _validated(variables, host)
     return _plain(host_decisions(host, hv, str(output), bool(acs_disable)))
 
@@ -149,12 +149,12 @@ def specdeploy_host_check(variables, host, output, acs_disable=False):
 def specdeploy_daemon_json(current):
     """/etc/docker/daemon.json with the NVIDIA runtime and the engine's ulimits merged in (differs: False when
     the file already says so)."""
-    from specdeploy.hostfacts import docker_daemon_config
+    from specdeploy.gpuhost.hostfacts import docker_daemon_config
     return docker_daemon_config(current if isinstance(current, str) else None)
 
 
 def specdeploy_acs_files(_=None):
-    from specdeploy.hostfacts import ACS_SCRIPT, ACS_UNIT
+    from specdeploy.gpuhost.hostfacts import ACS_SCRIPT, ACS_UNIT
     return {"script": ACS_SCRIPT, "unit": ACS_UNIT}
 
 
@@ -165,19 +165,19 @@ class FilterModule:
 
 def specdeploy_staging_script(_=None):
     """Path of the stdlib-only staging script, run on hosts with their own python3 before anything is installed."""
-    from specdeploy import staging
+    from specdeploy.hostscripts import staging
     return staging.__file__
 
 
 def specdeploy_tree_id(path):
     """Content id of a controller directory from names, sizes and mtimes (no weights are read)."""
-    from specdeploy.staging import tree_id
+    from specdeploy.hostscripts.staging import tree_id
     return tree_id(path)
 
 
 def specdeploy_stage_log(host, kind):
     """Controller-side log of a `controller` copy's rsync progress (read by `specdeploy deploy`)."""
-    from specdeploy.staging import controller_log
+    from specdeploy.hostscripts.staging import controller_log
     return str(controller_log(host, kind))
 
 
@@ -195,13 +195,13 @@ def specdeploy_weights(variables, host):
 
 def specdeploy_gpg_key_check(colons, fingerprint):
     """'' when `gpg --show-keys --with-colons` output holds the pinned key, usable; else what is wrong."""
-    from specdeploy.monitoring import gpg_key_problem
+    from specdeploy.speculation.monitoring import gpg_key_problem
     return gpg_key_problem(str(colons), str(fingerprint))
 
 
 def specdeploy_converged_script(_=None):
     """Path of the stdlib-only converged-state script, run on hosts with their own python3."""
-    from specdeploy import converged
+    from specdeploy.hostscripts import converged
     return converged.__file__
 
 
@@ -213,8 +213,8 @@ def specdeploy_inputs_digest(hostvars, hosts, playbook_dir, inventory_sources=()
 
     from ansible import context
     import specdeploy
-    from specdeploy.converged import inputs_digest
-    from specdeploy.staging import tree_id
+    from specdeploy.hostscripts.converged import inputs_digest
+    from specdeploy.hostscripts.staging import tree_id
     files, weights = [], []
     for h in sorted(hostvars.keys()):
         v = hostvars[h]
@@ -243,7 +243,7 @@ def specdeploy_converged_args(variables, host, group_names, playbook_dir):
     """Arguments of the host-side converged check and record (managed roots, weight links, health URLs)."""
     from pathlib import Path
 
-    from specdeploy.converged import check_args, role_defaults
+    from specdeploy.hostscripts.converged import check_args, role_defaults
     engine = None
     if "specdeploy_engines" in group_names:
         try:

@@ -8,11 +8,11 @@ import re
 import pytest
 from packaging.version import Version
 
-from specdeploy import upstream
+from specdeploy.engines import upstream
 from specdeploy.engines import get_adapter
 from specdeploy.engines import sglang as sg
 from specdeploy.engines import vllm as vl
-from specdeploy.hardware import PROFILES
+from specdeploy.values.hardware import PROFILES
 from specdeploy.nccl.traffic import context
 
 from .spans import _spans, endpoints

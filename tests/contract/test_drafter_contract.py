@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from packaging.version import Version
 
-from specdeploy import upstream
+from specdeploy.engines import upstream
 from specdeploy.engines import sglang as sg
 from specdeploy.engines import vllm as vl
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specdeploy import upstream
+from specdeploy.engines import upstream
 from specdeploy.testing import engine_facts
 
 from .upstream_facts import sglang_flags, vllm_flags, vllm_spec_keys

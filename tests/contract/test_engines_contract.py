@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from packaging.version import Version
 
-from specdeploy import upstream
+from specdeploy.engines import upstream
 from specdeploy.engines import Span, get_adapter
 from specdeploy.engines import sglang as sg
 from specdeploy.engines import vllm as vl
-from specdeploy.schema import validate_host
+from specdeploy.hostvars.schema import validate_host
 
 from .spans import endpoints
 from .upstream_facts import (

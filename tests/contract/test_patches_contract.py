@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy import upstream
-from specdeploy.patches import vllm as pv
+from specdeploy.engines import upstream
+from specdeploy.plan.patches import vllm as pv
 
 pytestmark = pytest.mark.contract
 SD = [sys.executable, "-m", "specdeploy.cli", "patch"]

@@ -1,4 +1,4 @@
 """``python -m specdeploy.cli``."""
-from . import main
+from specdeploy.cli import main
 
 main()

@@ -9,9 +9,9 @@ from typing import List, Optional
 
 import typer
 
-from ..errors import SpecdeployError
-from .app import app
-from .options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail, known_engine,
+from specdeploy.values.errors import SpecdeployError
+from specdeploy.cli.app import app
+from specdeploy.cli.options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail, known_engine,
                       output_dir, vault)
 
 
@@ -32,8 +32,8 @@ def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
              as_json: bool = Json, vault_id: Optional[List[str]] = VaultIds,
              vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Render, for every host, the units, environment, command line and scrape config a deploy installs."""
-    from ..inventory import parse_extra_vars
-    from ..plan import plan, write_out
+    from specdeploy.hostvars.inventory import parse_extra_vars
+    from specdeploy.plan import plan, write_out
     _limit(limit)
     if out_dir is not None:
         output_dir(out_dir, "--out", "a directory for the rendered files")
@@ -73,10 +73,10 @@ def engine_argv(inventory: str = Inventory, host: str = typer.Option(..., "--hos
                 vault_id: Optional[List[str]] = VaultIds,
                 vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Print the exact engine command and environment for HOST."""
-    from ..inventory import load, parse_extra_vars
-    from ..nccl_env import resolve
-    from ..plan import engine_command
-    from ..render.quoting import shell_arg, shell_line
+    from specdeploy.hostvars.inventory import load, parse_extra_vars
+    from specdeploy.nccl.env import resolve
+    from specdeploy.plan import engine_command
+    from specdeploy.plan.render.quoting import shell_arg, shell_line
     try:
         secrets = vault(vault_id, vault_password_file)
         inv = load(inventory, limit=host, extra=parse_extra_vars(extra_vars, secrets), vault=secrets)
@@ -100,9 +100,9 @@ def engine_image(engine: str = typer.Option(..., "--engine"), version: str = typ
                  patches: str = typer.Option("auto", "--patches"),
                  field: Optional[str] = typer.Option(None, "--field", help="print one field: tag, patch_set, ...")):
     """The image tag, patch set and build arguments for an engine version."""
-    from ..engines import UnsupportedVersion, get
-    from ..images import image_tag, upstream_image
-    from ..patches import patch_set_id, required_patches
+    from specdeploy.engines import UnsupportedVersion, get
+    from specdeploy.plan.images import image_tag, upstream_image
+    from specdeploy.plan.patches import patch_set_id, required_patches
     if patches not in ("auto", "none"):
         error("--patches", f"unknown patch mode '{patches}'", "use auto or none")
     try:
@@ -126,8 +126,8 @@ def engine_image(engine: str = typer.Option(..., "--engine"), version: str = typ
 def engine_standin(engine: str = typer.Option(..., "--engine"), version: str = typer.Option(..., "--version"),
                    out: Path = typer.Option(..., "--out")):
     """Sandbox: build context of the local stand-in for the official engine image (real engine sources)."""
-    from ..images import standin_context
-    from ..upstream import UpstreamError
+    from specdeploy.plan.images import standin_context
+    from specdeploy.engines.upstream import UpstreamError
     known_engine(engine)
     try:
         print(standin_context(engine, version, out))
@@ -143,7 +143,7 @@ def wheelhouse_cmd(out: Path = typer.Option(..., "--out"),
                    target: Optional[str] = typer.Option(None, "--target",
                                                         help="hosts' PY_VERSION:MACHINE:GLIBC, e.g. 3.11:x86_64:2.36")):
     """Build the wheelhouse hosts install specdeploy from (offline), for the hosts' Python; prints its stamp."""
-    from ..wheelhouse import TargetError, build
+    from specdeploy.ops.wheelhouse import TargetError, build
     output_dir(out, "--out", "a directory for the wheels")
     if target is not None and not target.strip():
         error("--target", "is empty", "give PY_VERSION:MACHINE:GLIBC, e.g. 3.11:x86_64:2.36, or leave it out")
@@ -158,19 +158,19 @@ def wheelhouse_cmd(out: Path = typer.Option(..., "--out"),
 @schema_app.command("docs")
 def schema_docs():
     """Print the variable reference (docs/variables.md)."""
-    from ..schema_docs import variables_markdown
+    from specdeploy.hostvars.schema_docs import variables_markdown
     sys.stdout.write(variables_markdown())
 
 
 @schema_app.command("defaults")
 def schema_defaults(role: str = typer.Argument(..., help="Role name")):
     """Print a role's defaults/main/schema.yml, generated from the schema."""
-    from ..schema_docs import role_defaults_yaml
+    from specdeploy.hostvars.schema_docs import role_defaults_yaml
     sys.stdout.write(role_defaults_yaml(role))
 
 
 @schema_app.command("argspec")
 def schema_argspec(role: str = typer.Argument(..., help="Role name")):
     """Print a role's meta/argument_specs.yml, generated from the schema."""
-    from ..schema_docs import argument_specs_yaml
+    from specdeploy.hostvars.schema_docs import argument_specs_yaml
     sys.stdout.write(argument_specs_yaml(role))

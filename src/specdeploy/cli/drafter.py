@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ..errors import SpecdeployError
-from .options import Json, fail
+from specdeploy.values.errors import SpecdeployError
+from specdeploy.cli.options import Json, fail
 
 drafter_app = typer.Typer(no_args_is_help=True, help="Validate and convert EAGLE-3 drafters.")
 
@@ -33,7 +33,7 @@ def check_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Opti
                                                  help="rules of this engine release (default: the newest known)"),
               skip_target_check: bool = SkipTargetCheck, as_json: bool = Json):
     """Check a drafter against its target for one engine (config and headers only; no weights read)."""
-    from ..drafter import check
+    from specdeploy.drafter import check
     try:
         rep = check(drafter_dir, target, engine, engine_version, target_check=not skip_target_check)
     except SpecdeployError as exc:
@@ -49,8 +49,8 @@ def convert_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Op
                                                    help="rules of this engine release (default: the newest known)"),
                 skip_target_check: bool = SkipTargetCheck, as_json: bool = Json):
     """Write an engine-ready copy: architecture name, layout, explicit aux ids, layer count, verifier."""
-    from ..drafter import convert
-    from .options import output_dir
+    from specdeploy.drafter import convert
+    from specdeploy.cli.options import output_dir
     output_dir(out, "--out", "a new directory for the converted drafter")
     # what --out may be (not the input, nor holding it; only an earlier conversion replaced) is outdir's
     try:

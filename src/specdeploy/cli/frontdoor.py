@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from ..errors import SpecdeployError
-from .app import app
-from .options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail,
+from specdeploy.values.errors import SpecdeployError
+from specdeploy.cli.app import app
+from specdeploy.cli.options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail,
                       inventory_optional, vault)
 
 if TYPE_CHECKING:  # rich is imported by the commands that draw, not when the CLI loads
@@ -32,7 +32,7 @@ def _rows_table(run, title: str) -> Table:
     from rich.markup import escape
     from rich.table import Table
 
-    from ..frontdoor import fmt_s
+    from specdeploy.ops.frontdoor import fmt_s
     t = Table(title=title, expand=False)
     for c in ("host", "phase", "progress", "elapsed", "result"):
         t.add_column(c)
@@ -63,8 +63,8 @@ def _triage_panel(row) -> Panel:
 
 def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Optional[List[str]],
               events: Optional[Path], skip_preflight: bool, secrets=None):
-    from ..frontdoor import PLAYBOOKS, Run, private_dir, redact, run_playbook, targets
-    from ..inventory import parse_extra_vars
+    from specdeploy.ops.frontdoor import PLAYBOOKS, Run, private_dir, redact, run_playbook, targets
+    from specdeploy.hostvars.inventory import parse_extra_vars
     out = _console()
     vaulted: set[str] = set()
     vaulted_paths: list[Path] = []
@@ -79,7 +79,7 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
         error("--limit", f"no engine host of {inventory} matches '{limit}'",
               "give hosts or groups of the inventory's specdeploy_engines group")
     if action == "deploy" and not skip_preflight:
-        from ..preflight import preflight
+        from specdeploy.checks.preflight import preflight
         try:
             reports = preflight(inventory, limit, extra, secrets)
         except SpecdeployError as exc:
@@ -151,7 +151,7 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
 def _status_table(st: dict) -> Table:
     from rich.markup import escape
 
-    from ..frontdoor import fmt_s  # noqa: F401
+    from specdeploy.ops.frontdoor import fmt_s  # noqa: F401
     from rich.table import Table
     t = Table(title=f"fleet status ({time.strftime('%H:%M:%S', time.localtime(st['time']))}, prometheus: "
                     f"{st['prometheus'] or 'unreachable'})")
@@ -201,8 +201,8 @@ def status_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
                vault_id: Optional[List[str]] = VaultIds,
                vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """The fleet: up, engine, release, speculation, gate verdict, acceptance, tokens/s, TTFT, restarts."""
-    from ..argcheck import finite
-    from ..frontdoor import fleet_status, prometheus_urls, targets
+    from specdeploy.hostvars.argcheck import finite
+    from specdeploy.ops.frontdoor import fleet_status, prometheus_urls, targets
     try:
         finite(timeout, "--timeout", positive=True)
         finite(interval, "--interval", positive=True)
@@ -244,9 +244,9 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
                as_json: bool = Json, vault_id: Optional[List[str]] = VaultIds,
                vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Key dashboard panels as a PNG from Prometheus: acceptance length, speedup, tokens/s, all-reduce share."""
-    from ..argcheck import duration
-    from ..frontdoor import prometheus_urls, targets
-    from ..report import render
+    from specdeploy.hostvars.argcheck import duration
+    from specdeploy.ops.frontdoor import prometheus_urls, targets
+    from specdeploy.speculation.report import render
     try:
         secs = duration(range_, "--range")
     except SpecdeployError as exc:
@@ -256,16 +256,16 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
               "give a count of at least 1")
     if not prometheus and not inventory:
         error("--prometheus", "no Prometheus given", "give --prometheus URL or -i INVENTORY (its monitoring host)")
-    from .options import output_file
+    from specdeploy.cli.options import output_file
     output_file(out, "--out", "a PNG file path")
     nccl_data = None
     if nccl:
-        from ..argcheck import read_json
+        from specdeploy.hostvars.argcheck import read_json
         try:
             nccl_data = read_json(nccl, "--nccl", "a `specdeploy nccl tune` result JSON")
         except SpecdeployError as exc:
             fail(exc)
-        from ..nccl.choose import ChooseError, check_results
+        from specdeploy.nccl.choose import ChooseError, check_results
         try:
             check_results(nccl_data, str(nccl))
         except ChooseError as exc:

@@ -7,9 +7,9 @@ from typing import List, Optional
 
 import typer
 
-from ..errors import SpecdeployError
-from .app import app
-from .options import Json, error, fail, known_engine
+from specdeploy.values.errors import SpecdeployError
+from specdeploy.cli.app import app
+from specdeploy.cli.options import Json, error, fail, known_engine
 
 
 @app.command("simulate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -17,8 +17,8 @@ def simulate_cmd(ctx: typer.Context, engine: str = typer.Option(..., "--engine")
                  version: str = typer.Option(..., "--version")):
     """Engine simulator for demos and tests: serves the engine's HTTP/metrics contract without a GPU.
     Usage: specdeploy simulate --engine vllm --version 0.16.0 -- vllm serve MODEL [flags]"""
-    from ..engines import UnsupportedVersion
-    from ..testing.simulator import run
+    from specdeploy.engines import UnsupportedVersion
+    from specdeploy.testing.simulator import run
     try:
         code = run(engine, version, list(ctx.args))
     except UnsupportedVersion as exc:
@@ -35,7 +35,7 @@ def ready_cmd(unit: str = typer.Option(..., "--unit"), url: str = typer.Option(.
               slice_s: float = typer.Option(30, "--slice", help="return 'waiting' (exit 3) after this many seconds"),
               as_json: bool = Json):
     """On the host: wait for the engine to be ready; exit 1 at once on a crash loop, or at the deadline."""
-    from ..readiness import EXIT, wait
+    from specdeploy.checks.readiness import EXIT, wait
     o = wait(unit, url, until, slice_s)
     print(json.dumps(o.to_dict()) if as_json else f"{o.status}: {o.unit} after {o.elapsed_s:.0f} s: {o.detail}")
     raise typer.Exit(EXIT[o.status])
@@ -49,9 +49,9 @@ def exporter_cmd(engine: str = typer.Option(..., "--engine"), engine_url: str = 
                                                           "--gate-file")):
     """Serve speculative-decoding metrics under one engine-independent set of names."""
     import time as _t
-    from ..exporter import serve
+    from specdeploy.speculation.exporter import serve
     known_engine(engine)
-    from ..argcheck import finite, http_url, listen_address
+    from specdeploy.hostvars.argcheck import finite, http_url, listen_address
     try:
         finite(window, "--window", positive=True)
         listen_address(listen, "--listen")

@@ -7,14 +7,14 @@ from typing import List, Optional
 
 import typer
 
-from .options import Json, VaultIds, VaultPasswordFiles, error, fail, finite, inventory_optional, output_file, vault
+from specdeploy.cli.options import Json, VaultIds, VaultPasswordFiles, error, fail, finite, inventory_optional, output_file, vault
 
 nccl_app = typer.Typer(no_args_is_help=True, help="Measure and choose the NCCL environment.")
 
 
 def _hidden_from_config(path: Path) -> int:
-    from ..argcheck import read_json_object
-    from ..errors import SpecdeployError
+    from specdeploy.hostvars.argcheck import read_json_object
+    from specdeploy.values.errors import SpecdeployError
     try:
         cfg = read_json_object(path / "config.json" if path.is_dir() else path, "--model",
                                "a model directory with a config.json")
@@ -49,11 +49,11 @@ def tune_cmd(gpus: int = typer.Option(2, "--gpus", min=1),
     import yaml
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .. import nccl as n
-    from ..nccl.tune import tune
+    from specdeploy import nccl as n
+    from specdeploy.nccl.tune import tune
 
-    from ..argcheck import read_text
-    from ..errors import SpecdeployError
+    from specdeploy.hostvars.argcheck import read_text
+    from specdeploy.values.errors import SpecdeployError
     finite(timeout, "--timeout", 0, above=True)
     mode_list = modes.split(",")
     if not all(m in ("eager", "graph") for m in mode_list):
@@ -133,11 +133,11 @@ def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl
                as_json: bool = Json, vault_id: Optional[List[str]] = VaultIds,
                vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Keep NCCL's default unless a candidate beats it consistently, beyond noise, on the traffic NCCL carries."""
-    from ..nccl.choose import ChooseError, choose
-    from ..nccl.traffic import TrafficError, traffic, traffic_for_host
+    from specdeploy.nccl.choose import ChooseError, choose
+    from specdeploy.nccl.traffic import TrafficError, traffic, traffic_for_host
 
-    from ..argcheck import read_json
-    from ..errors import SpecdeployError
+    from specdeploy.hostvars.argcheck import read_json
+    from specdeploy.values.errors import SpecdeployError
     if mode not in ("eager", "graph"):
         error("--mode", f"unknown mode '{mode}'", "use eager or graph")
     finite(prefill_tolerance, "--prefill-tolerance", 0)
@@ -157,7 +157,7 @@ def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl
         if inventory or host:
             if not (inventory and host):
                 error("-i/--host", "-i/--inventory and --host go together", "give both, or neither")
-            from ..inventory import load
+            from specdeploy.hostvars.inventory import load
             try:
                 hv = load(inventory, limit=host, vault=vault(vault_id, vault_password_file)).host(host).hv
             except SpecdeployError as exc:
@@ -188,9 +188,9 @@ def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl
 def _write_outputs(ch, items, tuner_csv, write_host_vars, chart):
     import yaml
 
-    from ..argcheck import read_text
-    from ..errors import SpecdeployError
-    from ..nccl.choose import evidence_lines
+    from specdeploy.hostvars.argcheck import read_text
+    from specdeploy.values.errors import SpecdeployError
+    from specdeploy.nccl.choose import evidence_lines
     if tuner_csv:
         tuner_csv.write_text("# colltype,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,"
                              "numPipeOps,regBuff\n" + "\n".join(ch.tuner_rows) + "\n")
@@ -213,7 +213,7 @@ def _write_outputs(ch, items, tuner_csv, write_host_vars, chart):
                        + yaml.safe_dump(cur, sort_keys=True))
         tmp.replace(write_host_vars)
     if chart:
-        from ..nccl.chart import choice_chart
+        from specdeploy.nccl.chart import choice_chart
         choice_chart(items, ch, chart)
 
 
@@ -221,7 +221,7 @@ def _print_choice(ch, items, mode):
     from rich.console import Console
     from rich.table import Table
 
-    from ..nccl.choose import evidence_lines, explain
+    from specdeploy.nccl.choose import evidence_lines, explain
     t = Table(title=f"NCCL choice ({mode}, {ch.gpus} GPUs, {ch.rounds} round(s) from {len(items)} file(s))")
     for col in ("candidate", "weighted decode us", "vs default [95% CI]", "faster rounds",
                 "worst prefill vs default", "verdict"):
@@ -244,12 +244,12 @@ def topo_cmd(matrix: Path = typer.Option(None, "--matrix", help="Saved `nvidia-s
              cmdline: Optional[Path] = typer.Option(None, "--cmdline")):
     """Explain when P2P can or cannot be used on this host (reads live tools when no file is given)."""
     import subprocess
-    from ..nccl.topo import explain, iommu_mode, parse_acs, parse_topo_matrix
+    from specdeploy.nccl.topo import explain, iommu_mode, parse_acs, parse_topo_matrix
 
     def read(path, cmd, option):
         if path:
-            from ..argcheck import read_text
-            from ..errors import SpecdeployError
+            from specdeploy.hostvars.argcheck import read_text
+            from specdeploy.values.errors import SpecdeployError
             try:
                 return read_text(path, option, f"the saved output of `{' '.join(cmd)}`")
             except SpecdeployError as exc:

@@ -9,10 +9,10 @@ from typing import List, Optional
 
 import typer
 
-from ..engines import DEFAULT as DEFAULT_ENGINE
-from ..errors import Finding, SpecdeployError
-from .app import app
-from .options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail, known_engine,
+from specdeploy.engines import DEFAULT as DEFAULT_ENGINE
+from specdeploy.values.errors import Finding, SpecdeployError
+from specdeploy.cli.app import app
+from specdeploy.cli.options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail, known_engine,
                       output_dir, vault)
 
 
@@ -24,14 +24,14 @@ def preflight_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
                   vault_id: Optional[List[str]] = VaultIds,
                   vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Check everything knowable before the model load; change nothing. Exit 1 on any error."""
-    from ..inventory import parse_extra_vars
-    from ..preflight import preflight
+    from specdeploy.hostvars.inventory import parse_extra_vars
+    from specdeploy.checks.preflight import preflight
     t0 = time.perf_counter()
     try:
         secrets = vault(vault_id, vault_password_file)
         extra = parse_extra_vars(extra_vars, secrets)
         if hosts:
-            from ..hostfacts import preflight_hosts
+            from specdeploy.gpuhost.hostfacts import preflight_hosts
             reports = preflight_hosts(inventory, limit, extra, vault=secrets)
         else:
             reports = preflight(inventory, limit, extra, secrets)
@@ -59,7 +59,7 @@ def triage_cmd(logfiles: Optional[List[Path]] = typer.Argument(None),
     """Root exception of engine logs, how the engine ended (failed, clean-shutdown, killed), known fixes."""
     import subprocess
 
-    from ..triage import read_log, triage_files, triage_lines
+    from specdeploy.triage import read_log, triage_files, triage_lines
 
     kernel: list[str] = []
     if kernel_log is not None:
@@ -131,9 +131,9 @@ def breakeven_cmd(acceptance_length: Optional[float] = typer.Option(None, "--acc
                   as_json: bool = Json):
     """Predicted speedup of speculation and whether to keep it (--acceptance-length, --step-ratio); or, with
     --target, the step ratio verification costs and the acceptance length a drafter needs."""
-    from ..argcheck import finite
-    from ..gate import breakeven
-    from ..verifycost import gate_margin
+    from specdeploy.hostvars.argcheck import finite
+    from specdeploy.speculation.gate import breakeven
+    from specdeploy.speculation.verifycost import gate_margin
     margin = gate_margin() if margin is None else margin
     if target is not None:
         _verify_cost(target, hardware, batch, k, routing_trace, locality, draft_cost, context, one_layer, margin,
@@ -176,7 +176,7 @@ def _verify_cost(target, hardware, batch, k, routing_trace, locality, draft_cost
                  acceptance_length, as_json):
     import math
 
-    from ..verifycost import load_target, load_trace, peaks, predict
+    from specdeploy.speculation.verifycost import load_target, load_trace, peaks, predict
     batches, ks = _ints(batch, [1, 8, 32, 64], "--batch"), _ints(k, [1, 2, 3, 4], "--k")
     for name, v, ok in (("--margin", margin, 0 <= margin <= 10), ("--context", context, context >= 0),
                         ("--draft-cost", draft_cost, draft_cost is None or draft_cost >= 0),
@@ -249,7 +249,7 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
              out: Path = typer.Option(Path("gate"), "--out"), as_json: bool = Json):
     """Measure whether speculation pays under a bounded load of real chat prompts; write report + chart."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from ..gate import chart, check_baseline, gate, load_prompts
+    from specdeploy.speculation.gate import chart, check_baseline, gate, load_prompts
     known_engine(engine)
     output_dir(out, "--out", "a directory for report.json and report.png")
     try:
@@ -257,7 +257,7 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
         assert levels and all(c > 0 for c in levels)
     except (ValueError, AssertionError):
         error("--concurrency", f"'{concurrency}' is not a list of positive numbers", "give a list like 1,8,32")
-    from ..argcheck import finite, http_url, read_json_object, read_text
+    from specdeploy.hostvars.argcheck import finite, http_url, read_json_object, read_text
     try:
         url = http_url(url, "--url")
         finite(margin, "--margin", maximum=10.0)  # a fraction: 0.10 is 10%

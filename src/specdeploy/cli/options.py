@@ -10,7 +10,7 @@ from typing import NoReturn
 
 import typer
 
-from ..errors import Finding, SpecdeployError
+from specdeploy.values.errors import Finding, SpecdeployError
 
 INVENTORY_HELP = "Ansible inventory directory or file."
 Inventory = typer.Option(..., "-i", "--inventory", help=INVENTORY_HELP)
@@ -33,7 +33,7 @@ def inventory_optional(help: str = INVENTORY_HELP):
 
 def vault(ids: list[str] | None, password_files: list[str] | None):
     """The vault secrets of --vault-id and --vault-password-file."""
-    from ..inventory_ansible import Vault
+    from specdeploy.hostvars.inventory_ansible import Vault
     return Vault.of(ids, password_files)
 
 
@@ -54,17 +54,17 @@ def error(subject: str, message: str, fix: str = "", code: int = 2) -> NoReturn:
 
 
 def known_engine(engine: str, option: str = "--engine") -> None:
-    from ..engines import names
+    from specdeploy.engines import names
     if engine not in names():
         error(option, f"unknown engine '{engine}'", f"use {' or '.join(names())}")
 
 
 def finite(value: float, option: str, minimum: float | None = None, above: bool = False) -> float:
     """A float option that must be a finite number (at least, or with ``above`` more than, ``minimum``): the
-    check of :func:`specdeploy.argcheck.finite`, as a command's bad-input exit."""
+    check of :func:`specdeploy.hostvars.argcheck.finite`, as a command's bad-input exit."""
     import math
 
-    from ..argcheck import finite as check
+    from specdeploy.hostvars.argcheck import finite as check
     try:
         return check(value, option, -math.inf if minimum is None else minimum, positive=above)
     except SpecdeployError as exc:

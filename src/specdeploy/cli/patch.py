@@ -6,13 +6,13 @@ from pathlib import Path
 
 import typer
 
-from .options import Json, error
+from specdeploy.cli.options import Json, error
 
 patch_app = typer.Typer(no_args_is_help=True, help="Engine patch sets (vLLM 0.16/0.17 Kimi-K2.5 EAGLE-3).")
 
 
 def _run(action: str, engine: str, root: Path, as_json: bool):
-    from ..engines import UnsupportedVersion, get, names
+    from specdeploy.engines import UnsupportedVersion, get, names
     try:
         adapter = get(engine)
     except UnsupportedVersion:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
-from ..engines import DEFAULT as DEFAULT_ENGINE
-from ..errors import SpecdeployError
-from .options import error, fail, known_engine
+from specdeploy.engines import DEFAULT as DEFAULT_ENGINE
+from specdeploy.values.errors import SpecdeployError
+from specdeploy.cli.options import error, fail, known_engine
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="Real Debian sandbox hosts (systemd-nspawn) for demos and CI.")
 
@@ -21,7 +21,7 @@ def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
     """Boot N hosts (debootstrap cached), write an inventory pointing at them."""
     from rich.console import Console
 
-    from ..testing import sandbox
+    from specdeploy.testing import sandbox
     con = Console(stderr=True)
     if runtime not in ("docker", "venv"):
         error("--runtime", f"'{runtime}'", "use docker or venv")
@@ -42,7 +42,7 @@ def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
 @sandbox_app.command("down")
 def down_cmd():
     """Stop every sandbox host and remove its network and overlay."""
-    from ..testing import sandbox
+    from specdeploy.testing import sandbox
     try:
         sandbox.down(progress=lambda m: print(m, file=sys.stderr))
     except SpecdeployError as exc:
@@ -51,6 +51,6 @@ def down_cmd():
 
 @sandbox_app.command("status")
 def status_cmd():
-    from ..testing import sandbox
+    from specdeploy.testing import sandbox
     for h in sandbox.hosts_from_state():
         print(f"{h.name}\t{h.address}\t{'running' if sandbox._pid(h) else 'stopped'}")

@@ -4,8 +4,8 @@ Reads config.json and safetensors headers (through the safetensors library), plu
 tensors; never the weights. ``model`` reads the drafter, ``rules`` checks it, ``convert`` writes an
 engine-ready copy.
 """
-from .convert import convert
-from .model import (
+from specdeploy.drafter.convert import convert
+from specdeploy.drafter.model import (
     CONVERT,
     META_FILE,
     Drafter,
@@ -16,7 +16,7 @@ from .model import (
     resolve_version,
     trained_taps,
 )
-from .rules import check
+from specdeploy.drafter.rules import check
 
 __all__ = ["CONVERT", "META_FILE", "Drafter", "check", "convert", "default_aux", "end_of_turn_ids", "engine_taps",
            "is_convertible", "resolve_version", "trained_taps"]

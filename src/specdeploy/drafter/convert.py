@@ -8,14 +8,14 @@ import shutil
 import time
 from pathlib import Path
 
-from ..engines import get_adapter
-from ..errors import Finding, Report, SpecdeployError
-from ..modelcfg import TargetModel
-from ..safetensors_io import INDEX_FILE, rewrite_names
-from .head import SWITCHES, check_head
-from .head import trained as head_trained
-from .model import META_FILE, Drafter, default_aux, is_convertible, resolve_version, trained_taps
-from .rules import _legacy_layer_names, check
+from specdeploy.engines import get_adapter
+from specdeploy.values.errors import Finding, Report, SpecdeployError
+from specdeploy.checks.modelcfg import TargetModel
+from specdeploy.checks.safetensors_io import INDEX_FILE, rewrite_names
+from specdeploy.drafter.head import SWITCHES, check_head
+from specdeploy.drafter.head import trained as head_trained
+from specdeploy.drafter.model import META_FILE, Drafter, default_aux, is_convertible, resolve_version, trained_taps
+from specdeploy.drafter.rules import _legacy_layer_names, check
 
 # ---------------------------------------------------------------------------------------------------------
 def _link_or_copy(src: Path, dst: Path):
@@ -31,9 +31,9 @@ def convert(drafter_dir: Path, target_dir: Path, engine: str, out: Path, version
     exists. Fixes: architecture name, speculators verifier / flattening, aux-id keys, num_hidden_layers from
     the tensors, draft_vocab_size for a shared lm_head, and the layers.0./midlayer. layout.
 
-    ``out`` is written beside itself and renamed into place (:mod:`specdeploy.outdir`): it must not exist, or be
+    ``out`` is written beside itself and renamed into place (:mod:`specdeploy.plan.outdir`): it must not exist, or be
     a previous conversion; anything else there is refused and left alone, and a failed conversion leaves nothing."""
-    from ..outdir import atomic_output_dir, check_target
+    from specdeploy.plan.outdir import atomic_output_dir, check_target
     inputs = (Path(drafter_dir), Path(target_dir))
     check_target(out, CONVERT_CMD, inputs, _previous_conversion)
     try:

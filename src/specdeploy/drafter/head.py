@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..engines import EngineAdapter, Span
-from ..errors import Report
-from ..modelcfg import TargetModel
-from .model import CONVERT, Drafter
+from specdeploy.engines import EngineAdapter, Span
+from specdeploy.values.errors import Report
+from specdeploy.checks.modelcfg import TargetModel
+from specdeploy.drafter.model import CONVERT, Drafter
 
 SWITCHES = ("use_aux_hidden_state", "norm_before_fc", "fc_norm", "use_aux_norm", "norm_output")
 DEFAULTS = {"use_aux_hidden_state": True, "norm_before_fc": False, "fc_norm": False, "use_aux_norm": False,

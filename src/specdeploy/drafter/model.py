@@ -12,10 +12,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engines import UnsupportedVersion, get, get_adapter, names
-from ..errors import Finding, SpecdeployError
-from ..modelcfg import TargetModel, load_json
-from ..safetensors_io import SafetensorsError, TensorInfo, bin_only, checkpoint_tensors
+from specdeploy.engines import UnsupportedVersion, get, get_adapter, names
+from specdeploy.values.errors import Finding, SpecdeployError
+from specdeploy.checks.modelcfg import TargetModel, load_json
+from specdeploy.checks.safetensors_io import SafetensorsError, TensorInfo, bin_only, checkpoint_tensors
 
 META_FILE = "specdeploy-conversion.json"
 CONVERT = "run `specdeploy drafter convert --engine {engine}`"

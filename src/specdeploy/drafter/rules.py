@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..engines import EngineAdapter, get, get_adapter, names
-from ..errors import Report
-from ..modelcfg import TargetModel
-from ..safetensors_io import BIN_CONVERT, read_array
-from .head import check_head, fc_shape
-from .model import (
+from specdeploy.engines import EngineAdapter, get, get_adapter, names
+from specdeploy.values.errors import Report
+from specdeploy.checks.modelcfg import TargetModel
+from specdeploy.checks.safetensors_io import BIN_CONVERT, read_array
+from specdeploy.drafter.head import check_head, fc_shape
+from specdeploy.drafter.model import (
     CONVERT,
     Drafter,
     _ids_ok,

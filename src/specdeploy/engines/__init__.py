@@ -8,7 +8,7 @@ built-in ones are registered on first use).
 """
 from __future__ import annotations
 
-from .base import (
+from specdeploy.engines.base import (
     AllReducePath,
     Command,
     CommContext,
@@ -38,8 +38,8 @@ _BUILTINS_LOADED = False
 def _builtins() -> dict[str, type[EngineAdapter]]:
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
-        from .sglang import SGLang
-        from .vllm import VLLM
+        from specdeploy.engines.sglang import SGLang
+        from specdeploy.engines.vllm import VLLM
         _BUILTINS_LOADED = True
         for cls in (VLLM, SGLang):
             _REGISTRY.setdefault(cls.name, cls)

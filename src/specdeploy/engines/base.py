@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import Finding
+from specdeploy.values.errors import Finding
 
 HostVars = Any  # schema.HostVars; the schema imports the registry, so adapters do not import the schema
 
@@ -195,7 +195,7 @@ class EngineAdapter:
         return {"disable_custom_all_reduce": True}
 
     def patch_ids(self) -> tuple[str, ...]:
-        """The patches this release needs (applied in the image build; see specdeploy.patches)."""
+        """The patches this release needs (applied in the image build; see specdeploy.plan.patches)."""
         return ()
 
     @classmethod

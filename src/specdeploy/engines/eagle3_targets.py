@@ -10,7 +10,7 @@ read is known only where the read releases around it agree (``EngineAdapter.eagl
 """
 from __future__ import annotations
 
-from .base import Span
+from specdeploy.engines.base import Span
 
 
 VLLM_READ = ("0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",

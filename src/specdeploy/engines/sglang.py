@@ -6,9 +6,9 @@ import random
 import time
 from pathlib import Path
 
-from ..errors import Finding
-from . import eagle3_targets as e3
-from .base import (
+from specdeploy.values.errors import Finding
+from specdeploy.engines import eagle3_targets as e3
+from specdeploy.engines.base import (
     AllReducePath,
     Command,
     CommContext,
@@ -321,7 +321,7 @@ class SGLang(EngineAdapter):
     def facts_from_source(cls, root) -> dict:
         import ast
 
-        from .sourcescan import class_fields, flag_literals, strings
+        from specdeploy.engines.sourcescan import class_fields, flag_literals, strings
         srt = Path(root) / cls.name / "srt"
         flags: set[str] = set()
         algos: set[str] = set()
@@ -351,7 +351,7 @@ class SGLang(EngineAdapter):
     @classmethod
     def eagle3_targets_from_source(cls, root) -> tuple[set[str], None]:
         """(EntryClass architectures with a set_eagle3_layers_to_capture method, own or inherited; no type list)."""
-        from .sourcescan import entry_classes, implementers, model_classes
+        from specdeploy.engines.sourcescan import entry_classes, implementers, model_classes
         models = Path(root) / cls.name / "srt" / "models"
         classes = model_classes(models)
         return {a for a, m in entry_classes(models).items()

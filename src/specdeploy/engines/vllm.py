@@ -6,9 +6,9 @@ import random
 import time
 from pathlib import Path
 
-from ..errors import Finding
-from . import eagle3_targets as e3
-from .base import (
+from specdeploy.values.errors import Finding
+from specdeploy.engines import eagle3_targets as e3
+from specdeploy.engines.base import (
     AllReducePath,
     Command,
     CommContext,
@@ -184,7 +184,7 @@ DRAFTER = {
 SPEC_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
 
 
-# Patches for Kimi-K2.5 / DeepSeek EAGLE-3 before 0.18.0 (see specdeploy.patches.vllm).
+# Patches for Kimi-K2.5 / DeepSeek EAGLE-3 before 0.18.0 (see specdeploy.plan.patches.vllm).
 KIMI_EAGLE3_PATCHES = ("vllm-eagle3-target-whitelist", "vllm-kimi-image-token", "vllm-deepseek-supports-eagle3")
 
 # CUDA of the official image per release (``ARG CUDA_VERSION=`` in the sdist's docker/Dockerfile).
@@ -320,7 +320,7 @@ class VLLM(EngineAdapter):
 
     @classmethod
     def patch_module(cls):
-        from ..patches import vllm as module
+        from specdeploy.plan.patches import vllm as module
         return module
 
     def preflight(self, hv, target, drafter_fmt, rep, host) -> None:
@@ -372,7 +372,7 @@ class VLLM(EngineAdapter):
     def facts_from_source(cls, root) -> dict:
         import ast
 
-        from .sourcescan import class_fields, flag_literals, strings
+        from specdeploy.engines.sourcescan import class_fields, flag_literals, strings
         vl = Path(root) / cls.name
         flags: set[str] = set()
         for f in [vl / "engine" / "arg_utils.py"] + sorted((vl / "entrypoints").rglob("cli_args.py")):
@@ -393,7 +393,7 @@ class VLLM(EngineAdapter):
         target model types or None when the release has no such list)."""
         import ast
 
-        from .sourcescan import implementers, model_classes, registry_archs
+        from specdeploy.engines.sourcescan import implementers, model_classes, registry_archs
         vl = Path(root) / cls.name
         classes = model_classes(vl / "model_executor" / "models")
         reg = registry_archs(vl / "model_executor" / "models" / "registry.py")

@@ -11,8 +11,8 @@ def choice_chart(items: list[tuple[str, dict]], choice, out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .choose import load_rounds
-    from .tune import AA_NAME
+    from specdeploy.nccl.choose import load_rounds
+    from specdeploy.nccl.tune import AA_NAME
 
     meta, rounds = load_rounds(items)
     mode = choice.mode

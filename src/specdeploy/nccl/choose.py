@@ -15,9 +15,9 @@ import random
 import statistics
 from dataclasses import dataclass, field
 
-from . import DECODE_TOKENS
-from .traffic import ALL_SIZES, Traffic
-from .tune import AA_NAME
+from specdeploy.nccl import DECODE_TOKENS
+from specdeploy.nccl.traffic import ALL_SIZES, Traffic
+from specdeploy.nccl.tune import AA_NAME
 
 
 class ChooseError(ValueError):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..engines import AllReducePath, CommContext, UnsupportedVersion, get_adapter
-from ..hardware import PROFILES, HardwareProfile
+from specdeploy.engines import AllReducePath, CommContext, UnsupportedVersion, get_adapter
+from specdeploy.values.hardware import PROFILES, HardwareProfile
 
 
 class TrafficError(ValueError):

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import DECODE_TOKENS, PREFILL_TOKENS
+from specdeploy.nccl import DECODE_TOKENS, PREFILL_TOKENS
 
 # Variables the lender of the GPU machine requires to stay as they are (NVLink multicast off).
 PRESERVED = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..errors import Finding, SpecdeployError
+from specdeploy.values.errors import Finding, SpecdeployError
 
 KEY_FILE = ".specdeploy-key"
 

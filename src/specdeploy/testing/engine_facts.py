@@ -18,7 +18,7 @@ FACTS_FILE = Path(__file__).resolve().parents[1] / "engines" / "facts.json"
 
 def extract(engine: str, root: Path) -> dict:
     """Facts from an unpacked release (the directory that contains the engine's package)."""
-    from ..engines import get
+    from specdeploy.engines import get
     return get(engine).facts_from_source(root)
 
 
@@ -36,7 +36,7 @@ def recorded(engine: str, version: str) -> dict | None:
 
 
 def record(engine: str, version: str) -> dict:
-    from .. import upstream
+    from specdeploy.engines import upstream
     root = upstream.source(engine, version)
     data = json.loads(FACTS_FILE.read_text()) if FACTS_FILE.is_file() else {}
     data.setdefault(engine, {})[version] = extract(engine, root)

@@ -18,8 +18,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import Finding, SpecdeployError
-from . import cache
+from specdeploy.values.errors import Finding, SpecdeployError
+from specdeploy.testing import cache
 
 CACHE = Path(os.environ.get("SPECDEPLOY_CACHE", "/var/cache/specdeploy"))
 LOCK = CACHE / "realengine.lock"

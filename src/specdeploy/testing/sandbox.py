@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engines import DEFAULT as DEFAULT_ENGINE
-from ..engines import get as get_engine
-from ..errors import Finding, SpecdeployError
-from . import cache as _cache
+from specdeploy.engines import DEFAULT as DEFAULT_ENGINE
+from specdeploy.engines import get as get_engine
+from specdeploy.values.errors import Finding, SpecdeployError
+from specdeploy.testing import cache as _cache
 
 CACHE = Path(os.environ.get("SPECDEPLOY_SANDBOX_CACHE", "/var/cache/specdeploy"))
 STATE = Path(os.environ.get("SPECDEPLOY_SANDBOX_STATE", "/var/lib/specdeploy-sandbox"))
@@ -506,12 +506,12 @@ def _example_model() -> Path:
 
 def artifacts_key() -> str:
     """What the sandbox checkpoints are made of: the fixture code and the example model's non-weight files."""
-    from . import fixtures
+    from specdeploy.testing import fixtures
     return _cache.inputs_key(Path(fixtures.__file__), _build_artifacts, _example_model())
 
 
 def _build_artifacts(out: Path):
-    from .fixtures import drafter_config, write_drafter, write_model
+    from specdeploy.testing.fixtures import drafter_config, write_drafter, write_model
     # a realistic-size sparse EAGLE-3 drafter (trained convention: vLLM ids, layers.0.*)
     write_drafter(out / ARTIFACT_DRAFTER, drafter_config(eagle_config=None))
     # a small sharded checkpoint with every non-weight file a real Kimi-K2.5 checkpoint carries

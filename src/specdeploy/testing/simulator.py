@@ -28,8 +28,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import engine_facts
-from ..engines import SimReject, get, get_adapter
+from specdeploy.testing import engine_facts
+from specdeploy.engines import SimReject, get, get_adapter
 
 WORDS = ("the model drafts tokens and the target verifies them in one step so accepted drafts are free "
          "speculation pays only when acceptance beats the cost of the wider verify step").split()

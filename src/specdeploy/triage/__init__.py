@@ -16,8 +16,8 @@ import os
 import re
 from collections import deque
 
-from .normalise import MAX_LINE, Record, normalise
-from .outcome import Triage, decide
+from specdeploy.triage.normalise import MAX_LINE, Record, normalise
+from specdeploy.triage.outcome import Triage, decide
 
 __all__ = ["Record", "Triage", "iter_log", "iter_logs", "normalise", "read_log", "triage_files", "triage_lines",
            "window"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .normalise import Record
+from specdeploy.triage.normalise import Record
 
 EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failure|Fault|"
                  r"Failed)|Exception|StopIteration|KeyError))(?:\([\w.]*\))?(?::\s*(?P<msg>.*))?$")

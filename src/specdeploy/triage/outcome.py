@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-from .evidence import UNWRAP, Evidence, collect, shutdown_exception, shutdowns
-from .normalise import Record
-from .signatures import HIGH, MEDIUM, hint, signature, timeout_signature
+from specdeploy.triage.evidence import UNWRAP, Evidence, collect, shutdown_exception, shutdowns
+from specdeploy.triage.normalise import Record
+from specdeploy.triage.signatures import HIGH, MEDIUM, hint, signature, timeout_signature
 
 SIGNALS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
            11: "SIGSEGV", 15: "SIGTERM"}

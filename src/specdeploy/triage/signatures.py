@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .evidence import Evidence
+from specdeploy.triage.evidence import Evidence
 
 # ---------------------------------------------------------------------------------------------------- signatures
 HIGH, MEDIUM = "high", "medium"

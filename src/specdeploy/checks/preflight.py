@@ -1,0 +1,196 @@
+"""``specdeploy preflight``: everything that can be known before the 30-minute load, in seconds, per host.
+It reads the inventory and controller-side copies of the model/drafter configs; it changes nothing anywhere."""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from specdeploy import drafter as drafter_mod
+from specdeploy.engines import get_adapter
+from specdeploy.values.errors import Finding, Report, SpecdeployError
+from specdeploy.checks.modelcfg import TargetModel
+from specdeploy.hostvars.schema import HostVars, validate_host
+
+GIB = 1 << 30
+LOAD_BYTES_PER_S = 300e6  # a cold load from local NVMe through the engine's loader, order of magnitude
+
+
+def _resolve(path: str, base: Path | None) -> Path:
+    p = Path(path)
+    return base / p if not p.is_absolute() and base is not None else p
+
+
+def _local(copy: str | None, source: str | None, path_host: str, base: Path | None) -> Path | None:
+    """The controller-side directory whose config preflight reads: the config copy, the controller source, or the
+    host path when this machine has it too."""
+    for cand in (copy, source, path_host):
+        if cand and (_resolve(cand, base) / "config.json").is_file():
+            return _resolve(cand, base)
+    return None
+
+
+def source_findings(hv: HostVars, kind: str, rep: Report, host: str, base: Path | None):
+    """Missing, incomplete or mismatched sources are errors before any host changes."""
+    from specdeploy.hostscripts import staging
+    copy = getattr(hv, f"specdeploy_{kind}_config_copy")
+    if copy and not (_resolve(copy, base) / "config.json").is_file():
+        rep.add("error", f"specdeploy_{kind}_config_copy", f"no config.json at {_resolve(copy, base)} on this "
+                "machine", f"point specdeploy_{kind}_config_copy at a copy of the {kind}'s config files, or unset it",
+                host)
+    mode = hv.specdeploy_model_source if kind == "model" else hv.drafter_source
+    var = f"specdeploy_{kind}_controller_path"
+    src = getattr(hv, var)
+    if mode == "controller" and src:
+        res = staging.verify(_resolve(src, base), var)
+        for p in res.problems:
+            rep.add("error", p.subject, p.message, p.fix, host)
+        if res.ok:
+            rep.add("info", var, f"complete: {res.files} weight files, {res.bytes / 1e9:.1f} GB", host=host)
+    elif mode in ("host", "shared"):
+        where = hv.specdeploy_model_path if kind == "model" else hv.specdeploy_drafter_path
+        if mode == "shared":
+            where = getattr(hv, f"specdeploy_{kind}_shared_path")
+        rep.add("info", f"specdeploy_{kind}_source", f"{mode}: {where} is verified on the host (config, shards, "
+                "header sizes) before anything there changes", host=host)
+
+
+def parse_seconds(value: str) -> float | None:
+    """systemd time span -> seconds; None for infinity."""
+    v = value.strip().lower()
+    if v in ("infinity", "0"):
+        return None
+    total = 0.0
+    units = {"h": 3600, "hr": 3600, "hour": 3600, "hours": 3600, "min": 60, "m": 60, "minutes": 60, "s": 1,
+             "sec": 1, "seconds": 1, "": 1, "ms": 0.001, "d": 86400, "days": 86400}
+    for num, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", v):
+        total += float(num) * units.get(unit, 1)
+    return total
+
+
+def engine_findings(hv: HostVars, target: TargetModel | None, drafter_fmt: str | None, rep: Report, host: str):
+    """What the pinned engine release does with this model and drafter (the adapter's preflight checks)."""
+    get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version).preflight(hv, target, drafter_fmt, rep, host)
+
+
+def model_findings(hv: HostVars, target: TargetModel, rep: Report, host: str):
+    prof = hv.profile()
+    tp = hv.tp
+    if target.heads % tp:
+        rep.add("error", "specdeploy_tensor_parallel_size", f"TP {tp} does not divide the model's "
+                f"{target.heads} attention heads", "pick a TP that divides the head count", host)
+    if target.needs_remote_code and not hv.specdeploy_trust_remote_code:
+        rep.add("error", "specdeploy_trust_remote_code", f"{target.model_type} ships its own code (auto_map) and "
+                "the tokenizer fails without it", "set specdeploy_trust_remote_code: true", host)
+    weights, how = target.weight_bytes()
+    per_gpu = weights / tp
+    budget = prof.gpu_memory_gib * GIB * hv.specdeploy_gpu_memory_utilization
+    msg = (f"weights {weights / GIB:.0f} GiB ({how}) = {per_gpu / GIB:.1f} GiB per GPU at TP {tp}; budget "
+           f"{budget / GIB:.1f} GiB per GPU ({prof.gpu_memory_gib:g} GiB x {hv.specdeploy_gpu_memory_utilization})")
+    if per_gpu > budget:
+        rep.add("error", "GPU memory", f"does not fit: {msg}",
+                "raise TP, use a smaller quantization, or raise specdeploy_gpu_memory_utilization", host)
+    elif per_gpu > 0.9 * budget:
+        rep.add("warning", "GPU memory", f"under 10% left for the KV cache: {msg}",
+                "raise specdeploy_gpu_memory_utilization or lower max_model_len", host)
+    else:
+        rep.add("info", "GPU memory", msg, host=host)
+    timeout = parse_seconds(hv.specdeploy_start_timeout)
+    load_s = max(weights / LOAD_BYTES_PER_S, 60)
+    if timeout is not None and timeout < load_s:
+        rep.add("error", "specdeploy_start_timeout", f"{hv.specdeploy_start_timeout} is shorter than a realistic "
+                f"load of {weights / GIB:.0f} GiB (about {load_s / 60:.0f} min): systemd would kill the engine "
+                "mid-load", "use infinity (readiness is checked separately) or several hours", host)
+    nccl = hv.specdeploy_nccl_env if hv.specdeploy_nccl_env is not None else prof.nccl_env_values()
+    if prof.interconnect == "pcie" and nccl.get("NCCL_P2P_DISABLE") != "1":
+        rep.add("warning", "PCIe P2P", "NCCL P2P over PCIe is on, and ACS/IOMMU state is unknown here: ACS "
+                "redirect or a translating IOMMU make P2P hang on RTX PRO 6000",
+                "on the host: `specdeploy nccl topo` (reads nvidia-smi topo -m, lspci -vvv ACSCtl, /proc/cmdline); "
+                "`specdeploy preflight --hosts` and the gpu_host role check it too", host)
+
+
+def preflight_host(host: str, variables: dict, inv_dir: Path | None) -> Report:
+    rep = Report()
+    try:
+        hv = validate_host(host, variables)
+    except SpecdeployError as exc:
+        rep.extend(exc.problems)
+        return rep
+    prof = hv.profile()
+    rep.add("info", "hardware", f"{prof.name}: {prof.description}", host=host)
+    key = hv.specdeploy_api_key_file
+    if key and not Path(key).is_file():
+        rep.add("warning", "specdeploy_api_key_file", f"{key} does not exist on this machine; the deploy stops "
+                "when it installs the key", "write the API key to that file (one line), or unset the variable",
+                host)
+    elif key:
+        from specdeploy.plan import secret_files
+        try:  # read as the deploy reads it (Ansible's file lookup drops trailing white space)
+            secret_files(hv, Path(key).read_text(errors="replace").rstrip())
+        except SpecdeployError as exc:
+            rep.extend([replace(f, host=host) for f in exc.problems])
+        except OSError as exc:
+            rep.add("error", "specdeploy_api_key_file", f"{key}: cannot read it ({exc.strerror})",
+                    "make the file readable by the user who runs the deploy", host)
+    target = None
+    source_findings(hv, "model", rep, host, inv_dir)
+    tdir = _local(hv.specdeploy_model_config_copy, hv.specdeploy_model_controller_path, hv.specdeploy_model_path,
+                  inv_dir)
+    if tdir is None:
+        rep.add("warning", "target config", f"no config.json at {hv.specdeploy_model_path} on this machine: model "
+                "checks skipped", "set specdeploy_model_config_copy to a copy of the model's config files", host)
+    else:
+        try:
+            target = TargetModel.load(tdir)
+            model_findings(hv, target, rep, host)
+        except SpecdeployError as exc:
+            rep.extend(exc.problems)
+    drafter_fmt = None
+    if hv.specdeploy_spec_enabled and hv.specdeploy_drafter_path:
+        source_findings(hv, "drafter", rep, host, inv_dir)
+        ddir = _local(hv.specdeploy_drafter_config_copy, hv.specdeploy_drafter_controller_path,
+                      hv.specdeploy_drafter_path, inv_dir)
+        if ddir is None:
+            rep.add("warning", "drafter", f"no config.json at {hv.specdeploy_drafter_path} on this machine: drafter "
+                    "not checked", "set specdeploy_drafter_config_copy", host)
+        elif target is not None:
+            try:
+                drafter_fmt = drafter_mod.Drafter.load(ddir).fmt
+                drep = drafter_mod.check(ddir, tdir, hv.specdeploy_engine, hv.specdeploy_engine_version)
+                # the drafter role converts what `drafter convert` fixes before the engine starts: report as info
+                for f in drep.findings:
+                    if f.subject == "target":
+                        continue  # the adapter's preflight decides, knowing the image's patch set
+                    sev, msg = f.severity, f.message
+                    if sev == "error" and drafter_mod.is_convertible(f):
+                        sev, msg = "info", f"{msg} (the drafter role converts this)"
+                    rep.add(sev, f"drafter {f.subject}", msg, f.fix, host)
+            except SpecdeployError as exc:
+                rep.extend(exc.problems)
+    engine_findings(hv, target, drafter_fmt, rep, host)
+    return rep
+
+
+def preflight(inventory: str, limit: str | None = None, extra: dict | None = None,
+              vault=None) -> dict[str, Report]:
+    """One report per engine host. Inventory-level errors come back per host, not as an exception (vault: the
+    vault secrets given on the command line)."""
+    from specdeploy.hostvars.inventory import _check_path, engine_host_names, host_variables
+
+    path = Path(inventory)
+    _check_path(path)
+    inv, all_vars = host_variables(path, extra, vault)
+    names = engine_host_names(inv, path, limit)
+    if not names:
+        raise SpecdeployError([Finding("error", "--limit", f"no engine hosts in {path} match '{limit}'",
+                                       "give an engine host or group")])
+    out = {}
+    for name in names:
+        variables = all_vars[name]
+        if isinstance(variables, SpecdeployError):
+            rep = Report()
+            rep.extend(variables.problems)
+            out[name] = rep
+        else:
+            out[name] = preflight_host(name, variables, path)
+    return out

@@ -1,0 +1,423 @@
+"""The inventory variables: one pydantic model, the single documented public interface.
+
+Every ``specdeploy_*`` variable a host may carry is a field here. ``docs/variables.md`` and each role's
+``meta/argument_specs.yml`` are generated from this model (``specdeploy schema docs|argspec``); a test fails
+when they drift.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+import unicodedata
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from specdeploy.values.errors import Finding, SpecdeployError
+from specdeploy.values.hardware import PROFILE_NAMES
+
+PREFIX = "specdeploy_"
+
+
+
+def control_characters(value: Any, where: str = "") -> list[tuple[str, str]]:
+    """(where, character) for every control character in a string of ``value``, dict keys and list items
+    included: C0 and C1 controls, DEL, and the Unicode line and paragraph separators. None of them has a meaning
+    in a variable, and each can end a unit line, an env-file line or a YAML scalar early."""
+    out: list[tuple[str, str]] = []
+    if isinstance(value, str):
+        for ch in value:
+            if unicodedata.category(ch) in ("Cc", "Zl", "Zp"):
+                out.append((where, ch))
+                break
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            key = str(k)
+            out += control_characters(k, f"{where} key {key!r}".strip())
+            out += control_characters(v, f"{where}[{key!r}]" if where else f"[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            out += control_characters(v, f"{where}[{i}]")
+    return out
+
+
+def _char_name(ch: str) -> str:
+    names = {"\n": "newline", "\r": "carriage return", "\t": "tab", "\x00": "NUL"}
+    return f"U+{ord(ch):04X}" + (f" ({names[ch]})" if ch in names else "")
+
+
+def refuse_control_characters(v: Any) -> Any:
+    """The one check every variable goes through (strings, and the strings inside dicts and lists)."""
+    found = control_characters(v)
+    if found:
+        where, ch = found[0]
+        raise PydanticCustomError("control_character", "{where}holds the control character {char}",
+                                  {"where": f"{where} " if where else "", "char": _char_name(ch)})
+    return v
+
+
+# systemd.time(7): "infinity", or numbers with units, e.g. "90min", "2h 30min", "600".
+_SPAN_UNITS = "usec|us|msec|ms|seconds?|sec|s|minutes?|min|m|hours?|hr|h|days?|d|weeks?|w|months?|M|years?|y"
+_SPAN_PART = rf"\d+(\.\d+)? ?({_SPAN_UNITS})?"
+_TIME_SPAN = re.compile(rf"infinity|{_SPAN_PART}( {_SPAN_PART})*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_names(v: dict[str, str] | None) -> dict[str, str] | None:
+    """Environment variable names an env file and ``docker --env-file`` both read back as written."""
+    for k in v or {}:
+        if not _ENV_NAME.fullmatch(k):
+            raise PydanticCustomError("env_name", "{key} is not an environment variable name", {"key": repr(k)})
+    return v
+
+
+class CustomHardware(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    description: str = "custom hardware"
+    gpu_count: int = Field(ge=1, le=64)
+    gpu_memory_gib: float = Field(gt=0)
+    compute_capability: str = Field(pattern=r"^\d+\.\d+$")
+    interconnect: Literal["pcie", "nvlink"]
+    nvswitch: bool = False
+    nccl_env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("nccl_env")
+    @classmethod
+    def _env_names(cls, v):
+        return env_names(v)
+
+
+SerialCount = Annotated[int, Field(ge=1, le=100000)]  # hosts per batch
+SerialPercent = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,5}%?$")]  # "30%" (or a count written as a string)
+
+
+class HostVars(BaseModel):
+    """Variables of one engine host. Field descriptions are the documentation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    specdeploy_engine: str = Field(description="Serving engine: `vllm` or `sglang`.")
+    specdeploy_engine_version: str = Field(
+        description="Pinned engine version, e.g. `0.16.0`, `0.33.0` (vLLM) or `0.5.23` (SGLang).")
+    specdeploy_engine_patches: Literal["auto", "none"] = Field(
+        "auto", description="`auto` applies the patch set the engine version needs; `none` applies nothing.")
+    specdeploy_runtime: Literal["docker", "venv"] = Field(
+        "docker", description="`docker`: the official engine image, patched where needed. `venv`: a Python "
+        "environment on the host.")
+    specdeploy_venv_path: str = Field(
+        "/opt/specdeploy/venv", description="The Python environment used by the `venv` runtime.")
+    specdeploy_image: str | None = Field(
+        None, description="Engine image to run with the `docker` runtime; default: the image `build.yml` tags.")
+    specdeploy_hardware: Literal[PROFILE_NAMES] = Field(  # type: ignore[valid-type]
+        description="Hardware profile: `rtx_pro_6000_pcie`, `b200_nvl8`, `h200_nvl8` or `custom`.")
+    specdeploy_hardware_custom: CustomHardware | None = Field(
+        None, description="For `specdeploy_hardware: custom`: gpu_count, gpu_memory_gib, compute_capability, "
+        "interconnect (`pcie`/`nvlink`), nvswitch, nccl_env.")
+    specdeploy_sandbox: bool = Field(
+        False, description="The host is a sandbox host without GPUs: GPU steps are skipped and the engine "
+        "simulator serves.")
+    specdeploy_model_path: str = Field(description="Target model directory on the host; its `config.json` is read.")
+    specdeploy_model_source: Literal["host", "controller", "shared"] = Field(
+        "host", description="Where the weights come from. `host`: already at specdeploy_model_path on the host; "
+        "specdeploy only verifies them (config, every shard the index names, sizes from the safetensors headers, "
+        "sha256 with a manifest) and writes nothing there. `controller`: pushed from "
+        "specdeploy_model_controller_path into a new directory beside the target, then specdeploy_model_path is a "
+        "symlink flipped atomically. `shared`: copied on the host from specdeploy_model_shared_path (NFS, Lustre) "
+        "to local disk: parallel, resumable, verified, with the same atomic switch.")
+    specdeploy_model_controller_path: str | None = Field(
+        None, description="`controller` source: the full checkpoint (config, index, every shard) on the controller.")
+    specdeploy_model_shared_path: str | None = Field(
+        None, description="`shared` source: the full checkpoint on shared storage already mounted on the host.")
+    specdeploy_model_sha256_manifest: str | None = Field(
+        None, description="Optional `sha256sum` manifest of the checkpoint, a path on the host (relative: inside "
+        "the checkpoint directory). Each file is hashed once; unchanged files (size, mtime, inode) are not read "
+        "again.")
+    specdeploy_model_config_copy: str | None = Field(
+        None, description="Controller-side copy of the model's config files (config.json, safetensors index) read "
+        "by preflight; never copied to hosts. Default: specdeploy_model_controller_path, else "
+        "specdeploy_model_path when it exists on the controller.")
+    specdeploy_drafter_source: Literal["host", "controller", "shared"] | None = Field(
+        None, description="Where the drafter comes from, as specdeploy_model_source (default: the same).")
+    specdeploy_drafter_controller_path: str | None = Field(
+        None, description="`controller` source: the drafter checkpoint on the controller.")
+    specdeploy_drafter_shared_path: str | None = Field(
+        None, description="`shared` source: the drafter checkpoint on shared storage mounted on the host.")
+    specdeploy_drafter_sha256_manifest: str | None = Field(
+        None, description="Optional `sha256sum` manifest of the drafter, as specdeploy_model_sha256_manifest.")
+    specdeploy_drafter_config_copy: str | None = Field(
+        None, description="Controller-side copy of the drafter (config.json and safetensors headers) read by "
+        "preflight's drafter check; never copied to hosts. Default: specdeploy_drafter_controller_path, else "
+        "specdeploy_drafter_path when it exists on the controller.")
+    specdeploy_staging_jobs: int = Field(
+        4, ge=1, le=64, description="Files copied at once by `shared` staging.")
+    specdeploy_staging_max_rate_mbps: float = Field(
+        0, ge=0, le=1e6, allow_inf_nan=False, description="`shared` staging reads at most this many MB/s from "
+        "shared storage, all files together, so a fleet staging at once does not starve the storage (0: no limit).")
+    specdeploy_served_model_name: str | None = Field(
+        None, description="Model name served by the OpenAI-compatible API (default: the model directory name).")
+    specdeploy_tensor_parallel_size: int | None = Field(
+        None, ge=1, description="Tensor-parallel size (default: the profile's GPU count).")
+    specdeploy_expert_parallel: bool = Field(False, description="Enable expert parallelism for the MoE layers.")
+    specdeploy_max_model_len: int | None = Field(None, ge=1, le=1 << 24, description="Maximum context length.")
+    specdeploy_gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Fraction of GPU memory the engine may use.")
+    specdeploy_trust_remote_code: bool = Field(True, description="Allow the model's own Python code (Kimi needs it).")
+    specdeploy_attention_backend: str | None = Field(
+        None, description="Attention backend; default from the hardware profile (e.g. TRITON_MLA on SM120).")
+    specdeploy_custom_all_reduce: bool | None = Field(
+        None, description="Engine custom all-reduce; default from the hardware profile (off on PCIe).")
+    specdeploy_spec_enabled: bool = Field(False, description="Enable speculative decoding.")
+    specdeploy_spec_method: Literal["eagle3", "eagle", "mtp", "ngram"] = Field(
+        "eagle3", description="Speculative method: `eagle3`, `eagle`, `mtp` or `ngram`.")
+    specdeploy_drafter_path: str | None = Field(
+        None, description="Drafter checkpoint directory on the host (as trained; specdeploy converts it).")
+    specdeploy_spec_num_tokens: int = Field(3, ge=1, le=16, description="Draft tokens per step (k).")
+    specdeploy_spec_config_extra: dict[str, Any] = Field(
+        default_factory=dict, description="Extra speculative-config keys, validated against the engine version.")
+    specdeploy_spec_gate: bool = Field(
+        False, description="After readiness, measure whether speculation pays and apply the verdict.")
+    specdeploy_load_format: str | None = Field(
+        None, description="Engine weight loader (`--load-format`), checked against the pinned version: e.g. "
+        "`safetensors`, `fastsafetensors` (GPU-direct; the image needs the fastsafetensors package), "
+        "`runai_streamer` (concurrent streaming), `instanttensor` (vLLM >= 0.18.0, SGLang >= 0.5.22). Default: "
+        "the engine's `auto`.")
+    specdeploy_engine_extra_args: list[str] = Field(
+        default_factory=list, description="Extra engine flags, validated against the engine version.")
+    specdeploy_engine_env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment variables for the engine unit.")
+    specdeploy_nccl_env: dict[str, str] | None = Field(
+        None, description="Tuned NCCL environment (written by `specdeploy nccl choose`); overrides the profile's.")
+    specdeploy_router: Literal["none", "sglang-router"] = Field(
+        "none", description="Put a router in front of the group's replicas (`sglang-router`, which serves vLLM and "
+        "SGLang workers alike); rolling deploys then drain each replica through it.")
+    specdeploy_router_port: int = Field(30080, ge=1, le=65535, description="Router HTTP port.")
+    specdeploy_serial: SerialCount | SerialPercent | None = Field(
+        None, description="Ansible `serial` for deploy.yml (e.g. 1 for a rolling deploy); default all at once.")
+    specdeploy_port: int = Field(8000, ge=1, le=65535, description="Engine HTTP port.")
+    specdeploy_bind_address: str = Field("0.0.0.0", description="Engine bind address.")
+    specdeploy_api_key_file: str | None = Field(
+        None, description="File on the controller holding the API key; installed 0600, never on a command line.")
+    specdeploy_exporter_port: int = Field(9450, ge=1, le=65535, description="Spec-decode exporter port.")
+    specdeploy_start_timeout: str = Field(
+        "infinity", description="systemd TimeoutStartSec of the engine unit (readiness is checked separately).")
+    specdeploy_ready_timeout_s: int = Field(
+        3600, ge=1, le=7 * 86400, description="How long the readiness gate waits for health and a real generation.")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_control_characters(cls, v: Any) -> Any:
+        return refuse_control_characters(v)
+
+    @field_validator("specdeploy_engine_env", "specdeploy_nccl_env")
+    @classmethod
+    def _env_names(cls, v):
+        return env_names(v)
+
+    @field_validator("specdeploy_model_path", "specdeploy_drafter_path", "specdeploy_venv_path")
+    @classmethod
+    def _absolute_path(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not v.startswith("/"):
+            raise PydanticCustomError("absolute_path", "'{v}' is not an absolute path", {"v": v})
+        if ":" in v:  # docker -v SRC:DST[:ro] and the bind mounts split on it
+            raise PydanticCustomError("colon_in_path", "'{v}' holds a ':', which docker -v reads as a separator",
+                                      {"v": v})
+        return v
+
+    @field_validator("specdeploy_start_timeout")
+    @classmethod
+    def _time_span(cls, v: str) -> str:
+        if not _TIME_SPAN.fullmatch(v):
+            raise PydanticCustomError("time_span", "'{v}' is not a systemd time span", {"v": v})
+        return v
+
+    @field_validator("specdeploy_engine")
+    @classmethod
+    def _engine_known(cls, v: str) -> str:
+        from specdeploy.engines import names
+        if v not in names():  # worded as pydantic words a Literal's error
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": " or ".join(repr(n) for n in names())})
+        return v
+
+    @field_validator("specdeploy_engine_version")
+    @classmethod
+    def _version_shape(cls, v: str) -> str:
+        parts = v.split(".")
+        if len(parts) < 3 or not all(p.split("post")[0].isdigit() or p.startswith("post") for p in parts):
+            raise ValueError(f"'{v}' is not a release version like 0.16.0")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self):
+        if self.specdeploy_hardware == "custom" and self.specdeploy_hardware_custom is None:
+            raise ValueError("specdeploy_hardware_custom is required when specdeploy_hardware is 'custom'")
+        return self
+
+    @property
+    def drafter_source(self) -> str:
+        return self.specdeploy_drafter_source or self.specdeploy_model_source
+
+    def weights(self) -> list[dict]:
+        """The checkpoints this host serves, each with its source mode and paths (model first, then drafter)."""
+        out = [{"kind": "model", "path": self.specdeploy_model_path, "source": self.specdeploy_model_source,
+                "controller": self.specdeploy_model_controller_path, "shared": self.specdeploy_model_shared_path,
+                "manifest": self.specdeploy_model_sha256_manifest}]
+        if self.specdeploy_spec_enabled and self.specdeploy_spec_method in ("eagle3", "eagle") \
+                and self.specdeploy_drafter_path:
+            out.append({"kind": "drafter", "path": self.specdeploy_drafter_path, "source": self.drafter_source,
+                        "controller": self.specdeploy_drafter_controller_path,
+                        "shared": self.specdeploy_drafter_shared_path,
+                        "manifest": self.specdeploy_drafter_sha256_manifest})
+        from specdeploy.hostscripts.staging import store_of
+        for it in out:  # where controller and shared copies are staged, beside the target
+            it["path"] = it["path"].rstrip("/") or "/"
+            it["store"] = str(store_of(it["path"]))
+        return out
+
+    # ---- derived values -------------------------------------------------------------------
+    def profile(self):
+        from specdeploy.values.hardware import get_profile
+        custom = self.specdeploy_hardware_custom.model_dump() if self.specdeploy_hardware_custom else None
+        return get_profile(self.specdeploy_hardware, custom)
+
+    @property
+    def tp(self) -> int:
+        return self.specdeploy_tensor_parallel_size or self.profile().gpu_count
+
+    @property
+    def served_model_name(self) -> str:
+        return self.specdeploy_served_model_name or self.specdeploy_model_path.rstrip("/").rsplit("/", 1)[-1]
+
+
+FIELDS = HostVars.model_fields
+
+RENAMED = {"specdeploy_model_local_path": "specdeploy_model_config_copy",
+           "specdeploy_drafter_local_path": "specdeploy_drafter_config_copy"}
+
+_FIXES = {
+    "control_character": "remove the control character (newline, carriage return, tab, ...): a systemd unit "
+    "line, an env file or a YAML value cannot carry it",
+    "time_span": "give `infinity` or a time span such as `90min` or `2h 30min` (systemd.time(7))",
+    "env_name": "use letters, digits and underscores, not starting with a digit",
+    "absolute_path": "give the absolute path on the host (starting with /)",
+    "colon_in_path": "move or link the directory to a path without ':'",
+    "literal_error": "use one of the allowed values",
+    "missing": "set it in group_vars/ or host_vars/",
+    "extra_forbidden": "remove it",
+}
+
+
+def _type_fix(err: dict) -> str:
+    t = err["type"]
+    if t in _FIXES:
+        return _FIXES[t]
+    if t.endswith("_parsing") or t.endswith("_type"):
+        return f"give a value of type {t.split('_')[0]}"
+    return "correct the value"
+
+
+def validate_host(host: str, variables: dict[str, Any]) -> HostVars:
+    """Validate the ``specdeploy_*`` variables of one host. Raises SpecdeployError with one line per problem."""
+    ours = {k: v for k, v in variables.items() if k.startswith(PREFIX)}
+    problems: list[Finding] = []
+    for key in list(ours):
+        if key in RENAMED:
+            problems.append(Finding("error", key, f"was renamed to {RENAMED[key]} (a controller-side config copy, "
+                                    "never copied to hosts)", f"rename it to {RENAMED[key]}; to push a full "
+                                    "checkpoint from the controller set specdeploy_model_source: controller and "
+                                    "specdeploy_model_controller_path", host))
+            ours.pop(key)
+        elif key not in FIELDS:
+            close = difflib.get_close_matches(key, FIELDS, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            problems.append(Finding("error", key, "unknown variable",
+                                    f"{hint}see docs/variables.md for the variables specdeploy reads", host))
+            ours.pop(key)
+    try:
+        hv = HostVars(**ours)
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = [str(p) for p in err["loc"]]
+            subject = ".".join(loc) if loc else "variables"
+            msg = err["msg"]
+            if err["type"] == "missing":
+                msg = "is required"
+            problems.append(Finding("error", subject, msg, _type_fix(err), host))
+        raise SpecdeployError(problems) from None
+    problems.extend(semantic_problems(host, hv))
+    problems.extend(address_problems(host, variables))
+    if problems:
+        raise SpecdeployError(problems)
+    return hv
+
+
+def semantic_problems(host: str, hv: HostVars) -> list[Finding]:
+    """Checks that need more than one field or the hardware profile; cheap and host-local."""
+    out: list[Finding] = []
+    prof = hv.profile()
+    if hv.tp > prof.gpu_count:
+        out.append(Finding("error", "specdeploy_tensor_parallel_size",
+                           f"TP {hv.tp} is larger than the {prof.gpu_count} GPUs of profile {prof.name}",
+                           f"set specdeploy_tensor_parallel_size to at most {prof.gpu_count}", host))
+    if (hv.specdeploy_spec_enabled and hv.specdeploy_spec_method in ("eagle3", "eagle")
+            and not hv.specdeploy_drafter_path):
+        out.append(Finding("error", "specdeploy_drafter_path",
+                           f"speculation is enabled with method {hv.specdeploy_spec_method} but no drafter is set",
+                           "set specdeploy_drafter_path, or specdeploy_spec_enabled: false", host))
+    out.extend(source_problems(host, hv))
+    out.extend(port_problems(host, hv))
+    from specdeploy.engines import UnsupportedVersion, get_adapter
+    try:
+        adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)
+    except UnsupportedVersion as exc:
+        out.append(Finding("error", "specdeploy_engine_version", str(exc),
+                           "pin one of the supported versions", host))
+        return out
+    out.extend(adapter.validate_extras(hv, host))
+    return out
+
+
+def source_problems(host: str, hv: HostVars) -> list[Finding]:
+    """Each source mode needs its path."""
+    out: list[Finding] = []
+    kinds = [("model", hv.specdeploy_model_source)]
+    if hv.specdeploy_spec_enabled and hv.specdeploy_drafter_path:
+        kinds.append(("drafter", hv.drafter_source))
+    for kind, mode in kinds:
+        var = f"specdeploy_{kind}_source" if kind == "model" or hv.specdeploy_drafter_source else \
+            "specdeploy_model_source"
+        need = {"controller": f"specdeploy_{kind}_controller_path",
+                "shared": f"specdeploy_{kind}_shared_path"}.get(mode)
+        if need and not getattr(hv, need):
+            out.append(Finding("error", need, f"{var} is {mode} but {need} is not set",
+                               f"set {need} to the full {kind} checkpoint, or {var}: host when the weights are "
+                               "already on the host", host))
+    return out
+
+
+def port_problems(host: str, hv: HostVars) -> list[Finding]:
+    """The ports this host listens on (the engine's, the exporter's) are distinct."""
+    ports = {"specdeploy_port": hv.specdeploy_port, "specdeploy_exporter_port": hv.specdeploy_exporter_port}
+    seen: dict[int, str] = {}
+    out = []
+    for var, port in ports.items():
+        if port in seen:
+            out.append(Finding("error", var, f"port {port} is also {seen[port]}: the second listener would fail "
+                               "to bind", f"give {var} a port of its own", host))
+        seen.setdefault(port, var)
+    return out
+
+
+# A host name or an IP address (IPv6 with its zone); what the scrape config and the router's worker URLs take.
+_ADDRESS = re.compile(r"[A-Za-z0-9._:%\[\]-]+")
+
+
+def address_problems(host: str, variables: dict[str, Any]) -> list[Finding]:
+    addr = variables.get("ansible_host")
+    if addr is None or (isinstance(addr, str) and _ADDRESS.fullmatch(addr)):
+        return []
+    return [Finding("error", "ansible_host", f"{addr!r} is not a host name or an IP address",
+                    "give the host's DNS name or IP address (letters, digits, '.', '-', ':')", host)]

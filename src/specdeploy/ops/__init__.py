@@ -1,0 +1,1 @@
+"""Operating deployments: the runner around ansible-playbook and its progress, status, and the wheelhouse."""

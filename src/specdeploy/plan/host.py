@@ -1,0 +1,176 @@
+"""The host plan: everything a deployment installs on one host (:func:`render_host`: units, env files, the
+engine's command line wrapped for its runtime, the exporter unit), and ``specdeploy plan`` over every engine host
+of an inventory. The CLI and Ansible (filter ``specdeploy_render``) both call :func:`render_host`, so a plan and a
+deploy cannot disagree."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdeploy.nccl import env as nccl_env
+from specdeploy.engines import get_adapter, names
+from specdeploy.values.errors import Finding, SpecdeployError
+from specdeploy.plan.render.paths import (SERVICE_USER, STATE_DIR, converted_drafter_path, engine_files, secret_env_path,
+                           secret_path, unit_name)
+from specdeploy.plan.render.prometheus import render_prometheus
+from specdeploy.plan.render.quoting import shell_line
+from specdeploy.plan.render.runtime import engine_image, exec_argv
+from specdeploy.plan.render.systemd import jinja_env
+from specdeploy.hostvars.schema import HostVars
+
+
+@dataclass
+class HostPlan:
+    host: str
+    engine: str
+    version: str
+    runtime: str
+    tp: int
+    spec: bool
+    nccl_source: str
+    engine_unit: str
+    exporter_unit: str
+    argv: list[str]
+    env: dict[str, str]
+    image: str | None
+    drafter_path: str | None
+    files: dict[str, str] = field(default_factory=dict)  # path on host -> content
+    ports: dict[str, int] = field(default_factory=dict)
+    health: dict[str, str] = field(default_factory=dict)
+    served_model_name: str = ""
+    other_engines: list[dict] = field(default_factory=list)  # what switching away from each other engine removes
+
+    def summary(self) -> dict:
+        return {"engine": self.engine, "version": self.version, "runtime": self.runtime, "tp": self.tp,
+                "speculation": self.spec, "nccl": self.nccl_source, "ports": self.ports,
+                "engine_unit": self.engine_unit, "exporter_unit": self.exporter_unit, "image": self.image,
+                "drafter_path": self.drafter_path, "health": self.health,
+                "served_model_name": self.served_model_name, "release": self.release_id()}
+
+    def release_id(self) -> str:
+        """Content hash of everything installed: the same inputs give the same release."""
+        import hashlib
+        import json
+        blob = json.dumps({"files": self.files, "image": self.image}, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    def to_dict(self) -> dict:
+        d = self.summary()
+        d.update({"argv": self.argv, "env": self.env, "files": self.files, "other_engines": self.other_engines})
+        return d
+
+
+def engine_command(hv: HostVars):
+    adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)
+    return adapter, adapter.command(hv, converted_drafter_path(hv))
+
+
+def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan:
+    adapter, cmd = engine_command(hv)
+    env_vars, nccl_source = nccl_env.resolve(hv)
+    env = dict(env_vars)
+    env.update(cmd.env)
+    env.update(hv.specdeploy_engine_env)
+    image = engine_image(hv)
+    unit = unit_name(hv.specdeploy_engine)
+    name = unit.removesuffix(".service")
+    unit_path, env_path, argv_path = engine_files(hv.specdeploy_engine)  # the same list an engine switch removes
+    execv = exec_argv(hv, cmd.argv, image, bool(cmd.secret_env))
+    ctx = dict(
+        host=host, hv=hv, engine=hv.specdeploy_engine, version=hv.specdeploy_engine_version,
+        unit=unit, name=name, exec_argv=execv, env_file=env_path,
+        secret_env_file=secret_env_path(hv.specdeploy_engine) if hv.specdeploy_api_key_file and cmd.secret_env
+        else None,
+        credential=f"{cmd.credential}:{secret_path(cmd.credential)}" if cmd.credential else None,
+        docker=hv.specdeploy_runtime == "docker",
+        user=SERVICE_USER, state_dir=STATE_DIR,
+        start_timeout=hv.specdeploy_start_timeout,
+    )
+    j = jinja_env()
+    files = {
+        unit_path: j.get_template("engine.service.j2").render(**ctx),
+        # One reader per env file: the container (docker --env-file) or systemd (venv), each in its own syntax.
+        ctx["env_file"]: j.get_template("engine.env.j2").render(env=sorted(env.items()), nccl_source=nccl_source,
+                                                                  host=host, consumer="docker" if ctx["docker"]
+                                                                  else "systemd"),
+        argv_path: shell_line(cmd.argv) + "\n",
+    }
+    exp_argv = [f"{hv.specdeploy_venv_path}/bin/specdeploy", "exporter", "--engine", hv.specdeploy_engine,
+                "--engine-url", f"http://127.0.0.1:{hv.specdeploy_port}",
+                "--listen", f"0.0.0.0:{hv.specdeploy_exporter_port}",
+                "--info", f"version={hv.specdeploy_engine_version}",
+                "--info", f"spec_tokens={hv.specdeploy_spec_num_tokens if hv.specdeploy_spec_enabled else 0}",
+                "--info", f"drafter={converted_drafter_path(hv) or ''}",
+                "--info", f"patch_set={image_patch_label(hv)}"]
+    files["/etc/systemd/system/specdeploy-exporter.service"] = j.get_template("exporter.service.j2").render(
+        exec_argv=exp_argv, engine_unit=unit, user=SERVICE_USER, state_dir=STATE_DIR)
+    return HostPlan(
+        host=host, engine=hv.specdeploy_engine, version=hv.specdeploy_engine_version,
+        runtime=hv.specdeploy_runtime + ("+simulator" if hv.specdeploy_sandbox else ""), tp=hv.tp,
+        spec=hv.specdeploy_spec_enabled, nccl_source=nccl_source, engine_unit=unit,
+        exporter_unit="specdeploy-exporter.service", argv=cmd.argv, env=env, image=image,
+        drafter_path=converted_drafter_path(hv), files=files,
+        ports={"engine": hv.specdeploy_port, "exporter": hv.specdeploy_exporter_port},
+        health={"liveness": adapter.health.liveness, "readiness": adapter.health.readiness},
+        served_model_name=hv.served_model_name,
+        other_engines=[{"engine": e, "unit": unit_name(e), "files": engine_files(e)}
+                       for e in names() if e != hv.specdeploy_engine],
+    )
+
+
+def secret_files(hv: HostVars, key: str) -> dict[str, str]:
+    """Path -> content of the 0600 files that carry the API key ``key`` to the engine, in the form its adapter
+    asks for (environment lines, or a credential file systemd hands over); empty without an API key file."""
+    if not hv.specdeploy_api_key_file:
+        return {}
+    adapter, cmd = engine_command(hv)
+    out = {}
+    if cmd.secret_env:
+        # One env file, two readers (systemd's EnvironmentFile= and docker --env-file) that quote differently:
+        # only a key that needs no quoting reads the same in both.
+        if not key or any(c.isspace() or c in "\"'\\" for c in key):
+            raise SpecdeployError([Finding(
+                "error", "specdeploy_api_key_file", f"{hv.specdeploy_api_key_file}: the API key is empty or holds "
+                "white space, quotes or backslashes, which systemd and docker read differently from an env file",
+                "use a key of letters, digits and punctuation without quotes or backslashes (e.g. "
+                "`openssl rand -hex 32`)")])
+        out[secret_env_path(hv.specdeploy_engine)] = "".join(f"{var}={key}\n" for var in cmd.secret_env)
+    if cmd.credential:
+        out[secret_path(cmd.credential)] = adapter.credential_content(cmd.credential, key)
+    return out
+
+
+def image_patch_label(hv: HostVars) -> str:
+    from specdeploy.plan.patches import patch_set_id
+    return patch_set_id(hv.specdeploy_engine, hv.specdeploy_engine_version, hv.specdeploy_engine_patches)
+
+
+def prometheus_targets(plans: list[tuple[str, str, HostPlan]]) -> list[dict]:
+    """(host, address, plan) -> one target dict per host."""
+    return [{"host": h, "address": a, "engine": p.engine, "engine_port": p.ports["engine"],
+             "exporter_port": p.ports["exporter"]} for h, a, p in plans]
+
+
+def plan(inventory: str, limit: str | None = None, extra: dict | None = None, vault=None):
+    """Every engine host of ``inventory`` rendered, and the scrape config over them (vault: the vault secrets
+    given on the command line)."""
+    from specdeploy.hostvars import inventory as inv_mod
+    inv = inv_mod.load(inventory, limit=limit, extra=extra, vault=vault)
+    plans: list[tuple[str, str, HostPlan]] = []
+    for h in inv.engine_hosts:
+        plans.append((h.name, h.address, render_host(h.name, h.hv, h.address)))
+    prom = render_prometheus(prometheus_targets(plans), rules_files=["/etc/prometheus/rules/specdeploy.rules.yml"])
+    return inv, plans, prom
+
+
+def write_out(out: Path, plans, prom: str) -> list[Path]:
+    files = [(out / host / path.lstrip("/"), content) for host, _, p in plans for path, content in p.files.items()]
+    files.append((out / "prometheus" / "prometheus.yml", prom))
+    for dest, content in files:
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(content)
+        except OSError as exc:
+            raise SpecdeployError([Finding("error", "--out", f"cannot write {dest}: {exc.strerror or exc}",
+                                           "give a writable directory")]) from None
+    return [dest for dest, _ in files]

@@ -1,0 +1,36 @@
+"""Where a deployment puts things on a host: state and config directories, the service user, unit names, the
+converted drafter. Every renderer takes these from here."""
+from __future__ import annotations
+
+from specdeploy.hostvars.schema import HostVars
+
+STATE_DIR = "/var/lib/specdeploy"
+CONFIG_DIR = "/etc/specdeploy"
+CRED_TOKEN = "${CREDENTIALS_DIRECTORY}"
+SERVICE_USER = "specdeploy"
+
+
+def unit_name(engine: str) -> str:
+    return f"specdeploy-{engine}.service"
+
+
+def secret_path(name: str) -> str:
+    """A 0600 file under the secrets directory (the API key in the form the engine reads it)."""
+    return f"{CONFIG_DIR}/secrets/{name}"
+
+
+def engine_files(engine: str) -> list[str]:
+    """The files a deployment installs for an engine's unit: the unit, its environment and its argv record."""
+    stem = unit_name(engine).removesuffix(".service")
+    return [f"/etc/systemd/system/{unit_name(engine)}", f"{CONFIG_DIR}/{stem}.env", f"{CONFIG_DIR}/{stem}.argv"]
+
+
+def secret_env_path(engine: str) -> str:
+    """The engine's second env file, holding only the API key (EnvironmentFile= or docker --env-file)."""
+    return secret_path(unit_name(engine).removesuffix(".service") + ".env")
+
+
+def converted_drafter_path(hv: HostVars) -> str | None:
+    if not (hv.specdeploy_spec_enabled and hv.specdeploy_drafter_path):
+        return None
+    return f"{STATE_DIR}/drafter/{hv.specdeploy_engine}"

@@ -1,0 +1,363 @@
+"""Speculation gate: measure whether speculation pays on this host and workload, and say what to do.
+
+speedup = AL x T_base / T_spec (AL: mean acceptance length, bonus token included). Speculation pays only when
+AL exceeds the step-time ratio T_spec / T_base; the gate keeps it only when the measured speedup clears
+1 + margin, predicts whether a smaller k would do better, and otherwise disables it.
+
+It refuses to decide (verdict None, ``refused`` set) when more than ``MAX_FAILED`` of the requests failed, in
+this run or in its baseline, or when nothing was measured: throughput over failing requests says nothing about
+speculation, and the previous decision then stays in force.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from specdeploy.values import peerhttp
+from specdeploy.engines import get
+from specdeploy.values.errors import Finding, SpecdeployError
+from specdeploy.speculation.exporter import ParseError, Sample, parse_engine_metrics
+
+PROMPTS = Path(__file__).resolve().parents[1] / "data" / "prompts.jsonl"
+MAX_FAILED = 0.01  # failed / sent requests above which the gate refuses to decide
+
+
+# ---- arithmetic ---------------------------------------------------------------------------------------
+@dataclass
+class Breakeven:
+    acceptance_length: float
+    step_ratio: float
+    speedup: float
+    breakeven_al: float
+    verdict: str
+    margin: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def breakeven(acceptance_length: float, step_ratio: float, margin: float = 0.10) -> Breakeven:
+    """``keep`` when AL / (T_spec/T_base) clears 1 + margin, else ``disable``."""
+    if not acceptance_length >= 1 or math.isinf(acceptance_length):  # NaN fails every comparison: refuse it
+        raise ValueError("acceptance length counts the bonus token, so it is a finite number of at least 1")
+    if not step_ratio > 0 or math.isinf(step_ratio):
+        raise ValueError("the step-time ratio T_spec / T_base must be a finite positive number")
+    if not margin >= 0 or math.isinf(margin):
+        raise ValueError("the margin must be a finite number of at least 0")
+    speedup = acceptance_length / step_ratio
+    verdict = "keep" if speedup >= 1 + margin else "disable"
+    return Breakeven(acceptance_length, step_ratio, speedup, step_ratio * (1 + margin), verdict, margin)
+
+
+def predict_k(per_position: list[float], step_ratio: float, k: int) -> dict[int, float]:
+    """Predicted speedup for each k' <= k: AL(k') = 1 + sum of the first k' per-position acceptance rates;
+    the step-time ratio's speculative overhead is taken as proportional to the draft tokens."""
+    out = {}
+    for kp in range(1, k + 1):
+        al = 1 + sum(per_position[:kp])
+        ratio = 1 + (step_ratio - 1) * kp / k
+        out[kp] = al / ratio
+    return out
+
+
+def failures(levels: list[dict]) -> tuple[int, int]:
+    """(failed, sent) requests over all levels."""
+    return (sum(int(lv.get("errors") or 0) for lv in levels),
+            sum(int(lv.get("requests") or 0) for lv in levels))
+
+
+def refusal(levels: list[dict], baseline: dict | None = None, max_failed: float = MAX_FAILED,
+            measured: bool = True) -> str | None:
+    """Why no verdict can be drawn from these levels (and their baseline), or None when one can; with
+    ``measured`` False (a run without a baseline, which measures no speedup) only failed requests count."""
+    for name, lvs in (("this run", levels), ("the baseline", (baseline or {}).get("levels", []))):
+        failed, sent = failures(lvs)
+        if sent and failed / sent > max_failed:
+            return (f"{failed} of {sent} requests failed in {name} ({failed / sent:.0%}, limit {max_failed:.0%}): "
+                    "throughput over failing requests says nothing about speculation")
+    if measured and not any(lv.get("speedup") is not None for lv in levels):
+        return "nothing measured: no level has both a speculative and a baseline throughput"
+    return None
+
+
+def decide(levels: list[dict], k: int, margin: float = 0.10) -> tuple[str | None, int | None, str]:
+    """Verdict from per-concurrency results (traffic-weighted equally): keep, reduce-k or disable; None when
+    nothing was measured."""
+    measured = [lv for lv in levels if lv.get("speedup") is not None]
+    if not measured:
+        return None, None, "nothing measured: no level has both a speculative and a baseline throughput"
+    speedup = statistics.mean(lv["speedup"] for lv in measured)
+    preds: dict[int, list[float]] = {}
+    for lv in measured:
+        if lv.get("per_position") and lv.get("step_ratio"):
+            for kp, s in predict_k(lv["per_position"], lv["step_ratio"], k).items():
+                preds.setdefault(kp, []).append(s)
+    best_k, best = None, speedup
+    for kp, vals in preds.items():
+        if kp < k and statistics.mean(vals) > best * (1 + margin):
+            best_k, best = kp, statistics.mean(vals)
+    if best_k is not None and best >= 1 + margin:
+        return "reduce-k", best_k, f"k={best_k} is predicted at {best:.2f}x against {speedup:.2f}x measured at k={k}"
+    if speedup >= 1 + margin:
+        return "keep", None, f"speculation measured at {speedup:.2f}x (margin {margin:.0%})"
+    return "disable", None, f"speculation measured at {speedup:.2f}x, below 1 + {margin:.0%}"
+
+
+def verdict_overrides(report: dict) -> dict:
+    """Inventory variables that apply a gate report's verdict."""
+    v = report.get("verdict")
+    if v == "disable":
+        return {"specdeploy_spec_enabled": False}
+    if v == "reduce-k" and report.get("recommended_k"):
+        return {"specdeploy_spec_num_tokens": int(report["recommended_k"])}
+    return {}
+
+
+# ---- measurement --------------------------------------------------------------------------------------
+def load_prompts(path: Path | None = None) -> list[list[dict]]:
+    """JSON lines, each a list of chat messages or an object with ``messages``; a bad file is a finding that
+    names --prompts and the line."""
+    from specdeploy.hostvars.argcheck import read_text
+    from specdeploy.values.errors import Finding, SpecdeployError
+    p = path or PROMPTS
+    what = "JSON lines of chat messages ([{\"role\": \"user\", \"content\": ...}] or {\"messages\": [...]})"
+    out = []
+    for n, line in enumerate(read_text(p, "--prompts", what).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            obj = None
+        msgs = obj.get("messages") if isinstance(obj, dict) else obj
+        if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                        for m in msgs)):
+            raise SpecdeployError([Finding("error", "--prompts", f"{p} line {n} is not a list of chat messages",
+                                           f"give {what}")])
+        out.append(msgs)
+    if not out:
+        raise SpecdeployError([Finding("error", "--prompts", f"{p} holds no prompts", f"give {what}")])
+    return out
+
+
+def check_baseline(base, path) -> None:
+    """A --baseline report as `specdeploy gate` writes it: levels_by_concurrency maps concurrency levels to
+    levels with a finite output_tps >= 0; levels is a list of such levels. Raises SpecdeployError otherwise."""
+    import math
+
+    from specdeploy.values.errors import Finding, SpecdeployError
+
+    def bad(what: str):
+        raise SpecdeployError([Finding("error", "--baseline", f"{path} is not a gate report ({what})",
+                                       "give the report.json of a `specdeploy gate` run without speculation")])
+
+    def number(v, name, where):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or v < 0):
+            bad(f"{where}: {name} is {v!r}, not a finite number >= 0")
+
+    lbc, levels = base.get("levels_by_concurrency"), base.get("levels", [])
+    if not isinstance(lbc, dict) or not isinstance(levels, list):
+        bad("no levels_by_concurrency")
+    for c, lv in list(lbc.items()) + [(f"levels[{i}]", lv) for i, lv in enumerate(levels)]:
+        if not str(c).isdigit() and not str(c).startswith("levels["):
+            bad(f"level '{c}' is not a concurrency")
+        if not isinstance(lv, dict):
+            bad(f"level {c} is not an object")
+        for name in ("output_tps", "errors", "requests"):
+            number(lv.get(name), name, f"level {c}")
+
+
+def read_metrics(url: str, engine: str, headers: dict | None = None) -> Sample:
+    """The engine's speculative counters or gauges and its inter-token latency sums, read by the exporter's parser
+    (names from the adapter; acceptance gauges averaged over the ranks that report one). The engine is an untrusted
+    peer: every request goes through peerhttp (total deadline, size cap); a failure is a PeerError (an OSError)."""
+    text = peerhttp.text(url.rstrip("/") + "/metrics", 10, headers=headers)
+    try:
+        return parse_engine_metrics(engine, text, time.time())
+    except ParseError as exc:
+        raise SpecdeployError([Finding("error", "--engine", f"{url.rstrip('/')}/metrics: {exc}",
+                                       "give the --engine that serves --url")]) from None
+
+
+def _chat(url: str, model: str, messages, max_tokens: int, headers: dict) -> int:
+    body = json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
+    resp = peerhttp.json_object(url.rstrip("/") + "/v1/chat/completions", 600,
+                                headers={"content-type": "application/json", **headers}, body=body)
+    usage = resp.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise peerhttp.PeerError(url, "a chat completion without usage.completion_tokens")
+    return tokens
+
+
+def model_name(url: str, headers: dict) -> str:
+    models = url.rstrip("/") + "/v1/models"
+    data = peerhttp.json_object(models, 30, headers=headers).get("data")
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict) or not isinstance(data[0].get("id"),
+                                                                                                  str):
+        raise peerhttp.PeerError(models, "no served model in the answer (data[0].id)")
+    return data[0]["id"]
+
+
+def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requests: int, max_tokens: int,
+              headers: dict) -> dict:
+    before = read_metrics(url, engine)
+    sg_samples: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def poll():  # gauges cover a window of recent batches: sample them while the level runs
+        while not stop.wait(0.5):
+            try:
+                s = read_metrics(url, engine)
+                if s.al is not None:
+                    sg_samples.append((s.al, s.rate or 0.0))
+            except Exception:  # noqa: BLE001
+                pass
+
+    counting = bool(get(engine).metrics.spec_counters)  # else acceptance gauges of recent batches
+    poller = threading.Thread(target=poll, daemon=True)
+    if not counting:
+        poller.start()
+    tokens, errors, idx = [], [], {"i": 0}
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                i = idx["i"]
+                if i >= requests:
+                    return
+                idx["i"] += 1
+            try:
+                tokens.append(_chat(url, model, prompts[i % len(prompts)], max_tokens, headers))
+            except Exception as exc:  # noqa: BLE001
+                errors.append(repr(exc)[:200])
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    stop.set()
+    after = read_metrics(url, engine)
+    lv = {"concurrency": concurrency, "requests": requests, "errors": len(errors), "wall_s": wall,
+          "output_tokens": sum(tokens), "output_tps": sum(tokens) / wall if wall else 0.0}
+    d_itl = after.itl_count - before.itl_count
+    lv["itl_ms"] = 1000 * (after.itl_sum - before.itl_sum) / d_itl if d_itl > 0 else None
+    if counting:
+        d = after.drafts - before.drafts
+        dt = after.draft_tokens - before.draft_tokens
+        a = after.accepted - before.accepted
+        lv["acceptance_length"] = 1 + a / d if d > 0 else None
+        lv["acceptance_rate"] = a / dt if dt > 0 else None
+        keys = sorted(after.per_pos, key=lambda x: int(x))
+        lv["per_position"] = [(after.per_pos[p] - before.per_pos.get(p, 0.0)) / d for p in keys] if d > 0 else []
+    else:
+        if sg_samples:
+            lv["acceptance_length"] = statistics.mean(s[0] for s in sg_samples)
+            lv["acceptance_rate"] = statistics.mean(s[1] for s in sg_samples)
+        else:
+            lv["acceptance_length"] = after.al
+            lv["acceptance_rate"] = after.rate
+        lv["per_position"] = []
+    if errors:
+        lv["error_samples"] = errors[:3]
+    return lv
+
+
+def gate(url: str, engine: str, concurrency: list[int], requests: int | None = None, max_tokens: int = 128,
+         prompts_file: Path | None = None, baseline: dict | None = None, k: int | None = None,
+         margin: float = 0.10, api_key: str | None = None, progress=None) -> dict:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    prompts = load_prompts(prompts_file)
+    model = model_name(url, headers)
+    levels = []
+    for c in concurrency:
+        n = requests or max(4 * c, 16)
+        if progress:
+            progress(c, n)
+        lv = run_level(url, engine, model, prompts, c, n, max_tokens, headers)
+        base = (baseline or {}).get("levels_by_concurrency", {}).get(str(c))
+        if base and base.get("output_tps") and lv["output_tps"]:
+            lv["baseline_tps"] = base["output_tps"]
+            lv["speedup"] = lv["output_tps"] / base["output_tps"]
+            if lv.get("acceptance_length"):
+                lv["step_ratio"] = lv["acceptance_length"] / lv["speedup"]
+                lv["breakeven_al"] = lv["step_ratio"] * (1 + margin)
+        else:
+            lv["speedup"] = None
+        levels.append(lv)
+    spec_on = any(lv.get("acceptance_length") for lv in levels)
+    k = k or max((len(lv.get("per_position") or []) for lv in levels), default=0) or None
+    report = {"engine": engine, "url": url, "model": model, "timestamp": time.time(), "margin": margin,
+              "speculation": spec_on, "k": k, "levels": levels,
+              "levels_by_concurrency": {str(lv["concurrency"]): lv for lv in levels}}
+    failed, sent = failures(levels)
+    report.update(failed_requests=failed, sent_requests=sent)
+    # failing requests void any run, a baseline run too: its throughput would mislead every later comparison
+    refused = refusal(levels, baseline, measured=bool(baseline))
+    if baseline and not spec_on and not refused:
+        refused = "nothing measured: the engine reported no speculative acceptance"
+    if refused:
+        report.update(verdict=None, recommended_k=None, refused=refused,
+                      reason=f"no decision: {refused}; the previous decision stays")
+    elif spec_on and baseline:
+        verdict, rk, why = decide(levels, k or 1, margin)
+        report.update(verdict=verdict, recommended_k=rk, reason=why)
+    elif not spec_on:
+        report.update(verdict=None, reason="baseline run: speculation is off")
+    else:
+        report.update(verdict=None, reason="no baseline given: figures only")
+    return report
+
+
+def chart(report: dict, out: Path) -> Path | None:
+    try:
+        import matplotlib
+    except ImportError:  # hosts without matplotlib still get the JSON report
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for lv in report["levels"]:
+        pp = lv.get("per_position") or []
+        if pp:
+            a1.plot(range(len(pp)), pp, marker="o", label=f"c={lv['concurrency']}")
+    a1.set_xlabel("draft position")
+    a1.xaxis.get_major_locator().set_params(integer=True)
+    a1.set_ylabel("acceptance (accepted at position / drafts)")
+    a1.set_ylim(0, 1)
+    a1.set_title("acceptance per position")
+    if a1.lines:
+        a1.legend()
+    else:
+        a1.text(0.5, 0.5, "engine reports no per-position counters", ha="center", transform=a1.transAxes)
+    cs = [str(lv["concurrency"]) for lv in report["levels"]]
+    sp = [lv.get("speedup") or 0 for lv in report["levels"]]
+    colors = ["tab:green" if s >= 1 + report["margin"] else "tab:red" for s in sp]
+    a2.bar(cs, sp, color=colors)
+    a2.axhline(1.0, color="black", lw=1)
+    a2.axhline(1 + report["margin"], color="grey", ls="--", lw=1, label=f"keep threshold {1 + report['margin']:.2f}x")
+    a2.set_xlabel("concurrency")
+    a2.set_ylabel("speedup vs no speculation")
+    if report.get("refused"):
+        title = f"no decision: {report.get('failed_requests', 0)} of {report.get('sent_requests', 0)} requests failed"
+    else:
+        title = f"verdict: {report.get('verdict')}" + (f" (k={report['recommended_k']})"
+                                                       if report.get("recommended_k") else "")
+    a2.set_title(title)
+    a2.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,130 @@
+"""Prometheus rules and the Grafana dashboard, both from the metric definitions in ``metrics.py``.
+
+The dashboard is built with Grafana's Foundation SDK (``grafana-foundation-sdk``); every panel's PromQL comes from
+``panels()``, which the tests evaluate against a real Prometheus and ``specdeploy report`` renders without Grafana.
+The third-party facts used here and by the monitoring role (ports, units, DCGM field names, Grafana's signing key)
+are listed with their sources in docs/monitoring.md.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from specdeploy.values import metrics as M
+from specdeploy.engines import names as engine_names
+from specdeploy.plan.render.systemd import jinja_env
+
+RULE_DEFAULTS = {"eval_interval": "15s", "ready_timeout": "1h", "min_acceptance_length": 2.0,
+                 "kv_cache_full": 0.95, "ttft_slo_seconds": 2.0, "itl_slo_seconds": 0.1}
+
+
+def render_rules(**overrides) -> str:
+    ctx = dict(RULE_DEFAULTS, **overrides)
+    ctx.update(q_tokens_1m=M.q_tokens_per_s("1m"), q_ttft_p95_5m=M.q_ttft(0.95, "5m"),
+               q_itl_p95_5m=M.q_itl(0.95, "5m"), q_kv=M.q_kv(), q_spec_on=M.Q_SPEC_ON)
+    return jinja_env().get_template("monitoring/specdeploy.rules.yml.j2").render(**ctx)
+
+
+R = "$__rate_interval"
+
+
+def panels() -> list[tuple[str, str, str, list[tuple[str, str]]]]:
+    """(section, title, unit, [(legend, expr), ...]); serving queries cover every registered engine."""
+    return [
+        ("Speculative decoding", "Draft acceptance rate", "percentunit",
+         [("{{host}}", "specdeploy_spec_acceptance_rate")]),
+        ("Speculative decoding", "Acceptance length (bonus token included)", "none",
+         [("{{host}}", "specdeploy_spec_acceptance_length"),
+          ("alert threshold", f"vector({RULE_DEFAULTS['min_acceptance_length']})")]),
+        ("Speculative decoding", "Acceptance per draft position", "percentunit",
+         [("{{host}} pos {{position}}", "specdeploy_spec_position_acceptance_rate")]),
+        ("Speculative decoding", "Draft and accepted tokens/s", "short",
+         [("{{host}} drafted", f"sum by (host) (rate(specdeploy_spec_draft_tokens_total[{R}]))"),
+          ("{{host}} accepted", f"sum by (host) (rate(specdeploy_spec_accepted_tokens_total[{R}]))")]),
+        ("Speculative decoding", "Speedup vs no speculation (gate)", "none",
+         [("{{host}} c={{concurrency}}", "specdeploy_gate_speedup"), ("break-even", "vector(1)")]),
+        ("Serving", "Time to first token p50 / p99", "s",
+         [("{{host}} p99", M.q_ttft(0.99, R)), ("{{host}} p50", M.q_ttft(0.5, R))]),
+        ("Serving", "Inter-token latency p95", "s", [("{{host}}", M.q_itl(0.95, R))]),
+        ("Serving", "Output tokens/s", "short", [("{{host}}", M.q_tokens_per_s(R))]),
+        ("Serving", "Running / waiting requests", "short",
+         [("{{host}} running", M.q_running()), ("{{host}} waiting", M.q_waiting())]),
+        ("Serving", "KV cache usage", "percentunit", [("{{host}}", M.q_kv())]),
+        ("GPU (DCGM)", "GPU utilization", "percent", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_GPU_UTIL")]),
+        ("GPU (DCGM)", "GPU memory used", "mbytes", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_FB_USED")]),
+        ("GPU (DCGM)", "GPU power", "watt", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_POWER_USAGE")]),
+    ]
+
+
+def dashboard() -> dict:
+    """The dashboard, built with the Foundation SDK and returned as Grafana's JSON model."""
+    from grafana_foundation_sdk.builders import dashboard as gd
+    from grafana_foundation_sdk.builders import prometheus as gp
+    from grafana_foundation_sdk.builders import timeseries as gt
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import DataSourceRef
+
+    ds = DataSourceRef(type_val="prometheus", uid="${datasource}")
+    b = (gd.Dashboard("specdeploy: speculative decoding").uid("specdeploy-spec").tags(["specdeploy", *engine_names()])
+         .editable().refresh("30s").time("now-1h", "now").version(1)
+         .with_variable(gd.DatasourceVariable("datasource").label("Prometheus").type("prometheus")))
+    section, pid = None, 0
+    for sec, title, unit, targets in panels():
+        if sec != section:
+            pid += 1
+            b = b.with_row(gd.Row(sec).id(pid))
+            section = sec
+        pid += 1
+        panel = gt.Panel().id(pid).title(title).unit(unit).datasource(ds).height(8).span(8)
+        for i, (legend, expr) in enumerate(targets):
+            panel = panel.with_target(gp.Dataquery().expr(expr).legend_format(legend).ref_id(chr(65 + i))
+                                      .datasource(ds))
+        b = b.with_panel(panel)
+    return json.loads(JSONEncoder(sort_keys=True, indent=2).encode(b.build()))
+
+
+def dashboard_json() -> str:
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+def panel_queries(rate_interval: str = "1m") -> list[tuple[str, str]]:
+    """(panel title, PromQL) with Grafana's $__rate_interval replaced, for evaluation against Prometheus."""
+    return [(title, expr.replace(R, rate_interval)) for _, title, _, targets in panels()
+            for _, expr in targets]
+
+
+def grafana_datasource(prometheus_url: str) -> str:
+    return ("apiVersion: 1\ndatasources:\n  - name: Prometheus\n    type: prometheus\n    access: proxy\n"
+            f"    url: {prometheus_url}\n    isDefault: true\n")
+
+
+def grafana_dashboard_provider(path: str) -> str:
+    return ("apiVersion: 1\nproviders:\n  - name: specdeploy\n    type: file\n    disableDeletion: false\n"
+            f"    options:\n      path: {path}\n")
+
+
+def gpg_key_problem(colons: str, fingerprint: str, now: float | None = None) -> str:
+    """What is wrong with a downloaded repository key, from ``gpg --show-keys --with-colons`` of it: '' when one of
+    its primary keys has ``fingerprint`` and is neither revoked nor expired. A key file may carry more keys (Grafana's
+    holds its revoked predecessors too); only the pinned one has to be usable."""
+    want = fingerprint.replace(" ", "").upper()
+    now = time.time() if now is None else now
+    seen, pub = [], None
+    for line in colons.splitlines():
+        f = line.split(":")
+        if f[0] == "pub":
+            pub = f
+        elif f[0] == "fpr" and pub is not None and len(f) > 9:
+            seen.append(f[9])
+            if f[9].upper() == want:
+                expires = pub[6] if len(pub) > 6 else ""
+                if pub[1] == "r":
+                    return f"key {want} is revoked"
+                if pub[1] == "e" or (expires.isdigit() and int(expires) <= now):
+                    when = time.strftime("%Y-%m-%d", time.gmtime(int(expires))) if expires.isdigit() else "?"
+                    return f"key {want} expired on {when}"
+                return ""
+            pub = None
+    if not seen:
+        return "the file holds no OpenPGP public key"
+    return f"no key with fingerprint {want} (the file holds {', '.join(seen)})"

@@ -1,0 +1,135 @@
+"""``specdeploy report``: the dashboard's key panels as one PNG, drawn from Prometheus data, for people without
+Grafana: acceptance length, speedup against the no-speculation baseline, tokens/s, and the all-reduce share.
+
+No engine exports its all-reduce time. The share is estimated from what is measured: the host's NCCL all-reduce
+latency at the running batch (``specdeploy nccl tune`` result) x 2 all-reduces per layer (attention and MoE
+outputs under tensor parallelism), over the decode step time (mean inter-token latency x acceptance length).
+Without a NCCL result the panel says so instead of guessing.
+"""
+from __future__ import annotations
+
+import time
+import urllib.parse
+from pathlib import Path
+
+from specdeploy.values import metrics as M
+
+
+def query_range(base: str, q: str, start: float, end: float, step: float, timeout: float = 10) -> dict[str, list]:
+    """{legend: [(t, v), ...]} with the legend built from host (and concurrency) labels. Prometheus is an untrusted
+    peer: read through peerhttp (total deadline, size cap), and anything but a matrix answer is a PeerError."""
+    from specdeploy.values.peerhttp import PeerError, json_object
+    url = f"{base.rstrip('/')}/api/v1/query_range?" + urllib.parse.urlencode(
+        {"query": q, "start": start, "end": end, "step": step})
+    data = json_object(url, timeout)
+    if data.get("status") != "success":
+        raise PeerError(url, f"Prometheus refused {q!r}: {str(data.get('error'))[:80]}")
+    result = data.get("data", {}).get("result") if isinstance(data.get("data"), dict) else None
+    if not isinstance(result, list):
+        raise PeerError(url, "not a Prometheus range answer (no data.result list)")
+    out = {}
+    try:
+        for r in result:
+            m = r["metric"]
+            name = str(m.get("host", "?")) + (f" c={m['concurrency']}" if "concurrency" in m else "")
+            pts = [(float(t), float(v)) for t, v in r["values"] if v not in ("NaN", "+Inf", "-Inf")]
+            if pts:
+                out[name] = pts
+    except (TypeError, KeyError, ValueError, AttributeError):
+        raise PeerError(url, "a malformed series in the Prometheus answer") from None
+    return out
+
+
+def allreduce_us(nccl: dict, tokens: float) -> float | None:
+    """Median all-reduce latency (graph mode if measured, else eager) of the chosen/default candidate at a
+    token count, interpolated linearly between measured sizes."""
+    from specdeploy.nccl.choose import flat_candidates
+    cands = flat_candidates(nccl)
+    cand = next((c for c in cands if c.get("name") == nccl.get("chosen")), None) or \
+        next((c for c in cands if c.get("name") == "default"), None) or (cands[0] if cands else None)
+    if not cand:
+        return None
+    table = cand.get("graph") or cand.get("eager") or {}
+    pts = sorted((int(k), v["median_us"]) for k, v in table.items() if v and "median_us" in v)
+    if not pts:
+        return None
+    if tokens <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if tokens <= x1:
+            return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+    return pts[-1][1]
+
+
+def allreduce_share(itl: dict, al: dict, running: dict, nccl: dict, layers: int, k: int) -> dict[str, list]:
+    out = {}
+    for host, pts in itl.items():
+        al_at = dict(al.get(host, []))
+        run_at = dict(running.get(host, []))
+        series = []
+        for t, itl_s in pts:
+            a = al_at.get(t, 1.0)
+            batch = max(1.0, run_at.get(t, 1.0)) * (1 + (k if a > 1 else 0))
+            ar = allreduce_us(nccl, batch)
+            step_s = itl_s * a
+            if ar is not None and step_s > 0:
+                series.append((t, min(1.0, 2 * layers * ar * 1e-6 / step_s)))
+        if series:
+            out[host] = series
+    return out
+
+
+def render(base: str, out: Path, range_s: float = 3600, nccl: dict | None = None, layers: int = 61, k: int = 3,
+           now: float | None = None) -> dict:
+    end = now or time.time()
+    start, step = end - range_s, max(1.0, range_s / 240)
+    r = "1m" if range_s >= 600 else "15s"
+    data = {
+        "acceptance": query_range(base, "specdeploy_spec_acceptance_length", start, end, step),
+        "speedup": query_range(base, "specdeploy_gate_speedup", start, end, step),
+        "tokens": query_range(base, M.q_tokens_per_s(r), start, end, step),
+    }
+    if nccl:
+        itl = query_range(base, M.q_itl_mean(r), start, end, step)
+        running = query_range(base, M.q_running(), start, end, step)
+        data["allreduce"] = allreduce_share(itl, data["acceptance"], running, nccl, layers, k)
+    else:
+        data["allreduce"] = {}
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+    from datetime import datetime, timezone
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
+    panels = [
+        (axes[0][0], "acceptance", "Acceptance length (bonus token included)", None),
+        (axes[0][1], "speedup", "Speedup vs no speculation (gate)", 1.0),
+        (axes[1][0], "tokens", "Output tokens/s", None),
+        (axes[1][1], "allreduce", "All-reduce share of decode step (estimated)", None),
+    ]
+    for ax, key, title, ref in panels:
+        for name, pts in sorted(data[key].items()):
+            ax.plot([datetime.fromtimestamp(t, timezone.utc) for t, _ in pts], [v for _, v in pts], label=name)
+        if ref is not None:
+            ax.axhline(ref, color="black", lw=1, ls="--")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        if data[key]:
+            ax.legend(fontsize=7, loc="best")
+        else:
+            why = ("no NCCL measurement given (--nccl: a `specdeploy nccl tune` result)" if key == "allreduce"
+                   and not nccl else "no data in this range")
+            ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="grey")
+    axes[1][1].yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    for ax in axes[1]:
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M" if range_s > 900 else "%H:%M:%S"))
+        ax.set_xlabel("UTC")
+    fig.suptitle(f"specdeploy report - {base} - last {int(range_s // 60)} min", fontsize=11)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    summary = {k: {n: pts[-1][1] for n, pts in v.items()} for k, v in data.items()}
+    return {"png": str(out), "prometheus": base, "range_s": range_s, "last": summary}

@@ -1,0 +1,78 @@
+"""The one definition of specdeploy's metric names and of the PromQL built on them.
+
+The exporter publishes these names with these help texts; the Prometheus rules, the Grafana dashboard,
+``specdeploy status`` and ``specdeploy report`` all query them through the expressions below.
+"""
+from __future__ import annotations
+
+# name -> (type, help)
+EXPORTED: dict[str, tuple[str, str]] = {
+    "specdeploy_engine_up": ("gauge", "1 when the last engine scrape succeeded and parsed"),
+    "specdeploy_exporter_scrape_errors": ("counter", "Failed or unparsable engine scrapes"),
+    "specdeploy_exporter_input_valid": ("gauge", "0 while an input file (gate report, release mark) is invalid and "
+                                        "its figures are dropped; 1 when it is valid or absent"),
+    "specdeploy_engine": ("info", "What is deployed"),
+    "specdeploy_spec_acceptance_rate": ("gauge", "Accepted / draft tokens over the window"),
+    "specdeploy_spec_acceptance_length": ("gauge", "1 + accepted / drafts over the window (bonus token included)"),
+    "specdeploy_spec_position_acceptance_rate": ("gauge", "Accepted at position / drafts over the window"),
+    "specdeploy_spec_drafts": ("counter", "Engine drafts (re-exported)"),
+    "specdeploy_spec_draft_tokens": ("counter", "Engine draft tokens (re-exported)"),
+    "specdeploy_spec_accepted_tokens": ("counter", "Engine accepted tokens (re-exported)"),
+    "specdeploy_gate_speedup": ("gauge", "Measured speedup of speculation vs none"),
+    "specdeploy_gate_breakeven_acceptance_length": ("gauge", "Acceptance length at which speculation breaks even"),
+    "specdeploy_gate_verdict": ("gauge", "1 for the gate's current verdict"),
+    "specdeploy_gate_failed_requests": ("gauge", "Requests that failed during the gate's last measurement"),
+    "specdeploy_gate_timestamp_seconds": ("gauge", "When the gate last ran"),
+}
+
+
+def help_of(name: str) -> str:
+    return EXPORTED[name][1]
+
+
+def _each(expr) -> str:
+    """One expression over every registered engine: ``expr(serving)`` per engine, where ``serving`` maps our
+    names (ttft, itl, generation_tokens, running, waiting, kv_cache, ...) to that engine's metric, joined by
+    ``or`` (each host runs one engine)."""
+    from specdeploy.engines import adapters
+    return " or ".join(expr(a.metrics.serving) for a in adapters())
+
+
+# serving figures, per host; R is the rate window ("$__rate_interval" in Grafana, "1m" elsewhere)
+def q_tokens_per_s(r: str) -> str:
+    return _each(lambda m: f"sum by (host) (rate({m['generation_tokens']}[{r}]))")
+
+
+def _quantile(quantile: float, histogram: str, r: str) -> str:
+    return _each(lambda m: f"histogram_quantile({quantile}, sum by (host, le) (rate({m[histogram]}_bucket[{r}])))")
+
+
+def q_ttft(quantile: float, r: str) -> str:
+    return _quantile(quantile, "ttft", r)
+
+
+def q_itl(quantile: float, r: str) -> str:
+    return _quantile(quantile, "itl", r)
+
+
+def q_itl_mean(r: str) -> str:
+    return _each(lambda m: f"sum by (host) (rate({m['itl']}_sum[{r}])) / sum by (host) (rate({m['itl']}_count[{r}]))")
+
+
+def q_running() -> str:
+    return _each(lambda m: f"sum by (host) ({m['running']})")
+
+
+def q_waiting() -> str:
+    return _each(lambda m: f"sum by (host) ({m['waiting']})")
+
+
+def q_kv() -> str:
+    return _each(lambda m: f"max by (host) ({m['kv_cache']})")
+
+
+# speculation is on where the deployed unit says so (the exporter's info carries the draft-token count)
+Q_SPEC_ON = 'max by (host) (specdeploy_engine_info{spec_tokens!="0",spec_tokens!=""})'
+# engine outages Prometheus saw in a day (up dropping to 0): engine-independent, and neither engine's multiprocess
+# metrics mode exports a process start time; a restart quicker than one scrape interval is not seen
+Q_RESTARTS = 'sum by (host) (resets(up{job="specdeploy_engine"}[1d]))'
