@@ -13,8 +13,10 @@ import time
 import pytest
 
 from helpers import REPO, free_port, load, point_at_loopback, start_exporter, start_sim, stop, wait_http
-from specdeploy.ops.frontdoor import (HostRow, Run, Target, fleet_status, journal_lines, parse_load, phase_of,
-                                  scrape_exporter)
+from specdeploy.ops.fleet import Target
+from specdeploy.ops.progress import journal_lines, parse_load
+from specdeploy.ops.runner import HostRow, Run, phase_of
+from specdeploy.ops.status import fleet_status, scrape_exporter
 
 
 def _sim_lines(engine: str) -> list[str]:
@@ -196,7 +198,7 @@ def test_host_row_defaults():
 def test_staging_progress_from_a_real_rsync_log_and_a_hosts_progress_file(tmp_path, monkeypatch):
     """A `controller` copy: the progress rsync itself wrote (--info=progress2) into the controller log; a `shared`
     copy: the host's progress file, read over the host's ssh command (here a local shell)."""
-    from specdeploy.hostscripts import staging
+    from specdeploy.ops import copy as staging
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)
     src = tmp_path / "src"

@@ -165,7 +165,7 @@ def test_a_missing_or_wrong_vault_secret_is_a_finding(trees, tmp_path, kind, whe
 
 
 def test_a_vaulted_extra_vars_file_is_read_and_redacted(trees, tmp_path):
-    from specdeploy.ops.frontdoor import redact
+    from specdeploy.ops.runner import redact
     from specdeploy.hostvars.inventory import parse_extra_vars
     from specdeploy.hostvars.inventory_ansible import Vault
     pw = trees["pw"]

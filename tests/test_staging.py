@@ -14,6 +14,7 @@ import pytest
 from helpers import REPO
 
 from specdeploy.hostscripts import staging
+from specdeploy.ops import copy as opscopy
 from specdeploy.testing.fixtures import write_model
 
 CONFIG = json.loads((REPO / "examples/models/kimi-k2.5-int4/config.json").read_text())
@@ -235,7 +236,7 @@ def test_controller_copy_stops_the_copy_an_interrupted_run_left_going(tmp_path):
     """Stopping a play leaves its copy running (Ansible's workers run in sessions of their own): the next copy to
     the same destination stops that one first, and only that one."""
     log = tmp_path / "stage.log"
-    script = [sys.executable, "-m", "specdeploy.hostscripts.staging", "copy", "--log", str(log), "--"]
+    script = [sys.executable, "-m", "specdeploy.ops.copy", "--log", str(log), "--"]
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     dest = "root@10.0.0.9:/srv/models/.m.specdeploy/x.partial/"
     first = subprocess.Popen(script + ["sh", "-c", "printf '  1,024  10%%   1.00MB/s    0:00:09\\r'; exec sleep 60",
@@ -254,7 +255,7 @@ def test_controller_copy_stops_the_copy_an_interrupted_run_left_going(tmp_path):
         r = subprocess.run(script + ["sh", "-c", "true", "root@10.9.9.9:/srv/x/"], env=env, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 0 and "stopped" not in r.stdout and _alive(orphan)
-        pidfile.write_text(json.dumps({"pid": orphan, "start": staging._start_time(orphan), "dest": dest}))
+        pidfile.write_text(json.dumps({"pid": orphan, "start": opscopy._start_time(orphan), "dest": dest}))
         r = subprocess.run(script + ["sh", "-c", "echo 'Literal data: 5 bytes'; echo '  99  100%  2.00MB/s  0:00:00'",
                                      dest], env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
@@ -279,7 +280,7 @@ def test_controller_copy_never_leaves_its_copy_unrecorded(tmp_path):
     log = tmp_path / "stage.log"
     (tmp_path / "stage.log.pid.tmp").mkdir()
     marker = tmp_path / "still-running"
-    r = subprocess.run([sys.executable, "-m", "specdeploy.hostscripts.staging", "copy", "--log", str(log), "--", "sh", "-c",
+    r = subprocess.run([sys.executable, "-m", "specdeploy.ops.copy", "--log", str(log), "--", "sh", "-c",
                         f"sleep 3; touch {marker}", "dest"], env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
@@ -288,6 +289,6 @@ def test_controller_copy_never_leaves_its_copy_unrecorded(tmp_path):
 
 
 def test_controller_copy_without_a_command_is_a_clean_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "specdeploy.hostscripts.staging", "copy", "--log", str(tmp_path / "l")],
+    r = subprocess.run([sys.executable, "-m", "specdeploy.ops.copy", "--log", str(tmp_path / "l")],
                        env=dict(os.environ, PYTHONPATH=str(REPO / "src")), capture_output=True, text=True)
     assert r.returncode == 2 and "Fix:" in r.stderr and "Traceback" not in r.stderr

@@ -12,8 +12,8 @@ from pathlib import Path
 from specdeploy.ops.wheelhouse import HOST_REQUIREMENTS
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "specdeploy"
-HOST_ENTRY = ["cli", "cli.host", "cli.drafter", "cli.patch", "cli.ops", "drafter", "exporter", "triage", "readiness",
-              "testing.simulator", "staging", "safetensors_io"]
+HOST_ENTRY = ["cli", "cli.host", "cli.drafter", "cli.patch", "cli.ops", "drafter", "speculation.exporter", "triage",
+              "checks.readiness", "testing.simulator", "hostscripts.staging", "checks.safetensors_io"]
 
 
 def _module_file(name: str) -> Path | None:
@@ -40,13 +40,19 @@ def _module_level_imports(name: str) -> tuple[set[str], set[str]]:
                 mod = ".".join(p for p in [*parts, node.module or ""] if p)
                 ours.add(mod)
                 ours |= {f"{mod}.{a.name}" for a in node.names if _module_file(f"{mod}.{a.name}")}
-            elif node.module and node.module.split(".")[0] != "specdeploy":
+            elif node.module and node.module.split(".")[0] == "specdeploy":
+                mod = node.module.removeprefix("specdeploy").lstrip(".")
+                ours.add(mod)
+                ours |= {f"{mod}.{a.name}".lstrip(".") for a in node.names
+                         if _module_file(f"{mod}.{a.name}".lstrip("."))}
+            elif node.module:
                 theirs.add(node.module.split(".")[0])
     return {m for m in ours if m and _module_file(m)}, theirs - {"__future__"}
 
 
 def test_host_side_imports_are_in_the_wheelhouse():
-    seen, todo, third = set(), [m for m in HOST_ENTRY if _module_file(m)], set()
+    assert all(_module_file(m) for m in HOST_ENTRY), [m for m in HOST_ENTRY if not _module_file(m)]
+    seen, todo, third = set(), list(HOST_ENTRY), set()
     while todo:
         m = todo.pop()
         if m in seen:
@@ -55,6 +61,7 @@ def test_host_side_imports_are_in_the_wheelhouse():
         ours, theirs = _module_level_imports(m)
         todo.extend(ours - seen)
         third |= theirs
+    assert {"values.errors", "engines", "drafter.model"} <= seen, "the walk follows specdeploy's own imports"
     third -= set(sys.stdlib_module_names)
     dists = packages_distributions()
     wanted = {re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in HOST_REQUIREMENTS}

@@ -134,14 +134,14 @@ def specdeploy_gate_verdict(report):
 
 def specdeploy_gather_script(_=None):
     """The read-only script that shows a GPU host as the host checks read it."""
-    from specdeploy.gpuhost.hostfacts import gather_script
+    from specdeploy.gpuhost.report import gather_script
     return gather_script()
 
 
 def specdeploy_host_check(variables, host, output, acs_disable=False):
     """What the gather script's output says about the host: facts, findings (lines), the install plan, and the
     decisions the gpu_host role applies (ACS, NCCL P2P, reboot)."""
-    from specdeploy.gpuhost.hostfacts import host_decisions
+    from specdeploy.gpuhost.report import host_decisions
     v, hv = _validated(variables, host)
     return _plain(host_decisions(host, hv, str(output), bool(acs_disable)))
 
@@ -149,13 +149,43 @@ def specdeploy_host_check(variables, host, output, acs_disable=False):
 def specdeploy_daemon_json(current):
     """/etc/docker/daemon.json with the NVIDIA runtime and the engine's ulimits merged in (differs: False when
     the file already says so)."""
-    from specdeploy.gpuhost.hostfacts import docker_daemon_config
+    from specdeploy.gpuhost.install import docker_daemon_config
     return docker_daemon_config(current if isinstance(current, str) else None)
 
 
 def specdeploy_acs_files(_=None):
-    from specdeploy.gpuhost.hostfacts import ACS_SCRIPT, ACS_UNIT
+    from specdeploy.gpuhost.install import ACS_SCRIPT, ACS_UNIT
     return {"script": ACS_SCRIPT, "unit": ACS_UNIT}
+
+
+def specdeploy_path(name):
+    """A host path of specdeploy's (values/hostpaths.py): 'state', 'config', 'opt', 'venv', 'wheelhouse', ..."""
+    from specdeploy.values.hostpaths import host_path
+    try:
+        return host_path(str(name))
+    except KeyError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+def specdeploy_ssh(variables):
+    """The ssh command (no destination) to a host from its connection variables, as one string for rsync -e."""
+    import shlex
+
+    from specdeploy.hostvars.ssh import ssh_options
+    keys = ("ansible_port", "ansible_ssh_private_key_file", "ansible_ssh_common_args", "ansible_ssh_extra_args")
+    return shlex.join(ssh_options({k: _plain(variables[k]) for k in keys if k in variables}))
+
+
+def specdeploy_gate_argv(settings, out, baseline=None):
+    """The ``specdeploy gate`` arguments of the gate role's baseline (no ``baseline``) or speculative run."""
+    from specdeploy.speculation.gate import command_line
+    return command_line(_plain(settings), str(out), None if baseline is None else str(baseline))
+
+
+def specdeploy_gate_vars_file(inventory_dir, host):
+    """The inventory file that holds a host's gate verdict (the variables that apply it)."""
+    from specdeploy.plan.render.paths import gate_vars_file
+    return gate_vars_file(str(inventory_dir), str(host))
 
 
 class FilterModule:
@@ -177,7 +207,7 @@ def specdeploy_tree_id(path):
 
 def specdeploy_stage_log(host, kind):
     """Controller-side log of a `controller` copy's rsync progress (read by `specdeploy deploy`)."""
-    from specdeploy.hostscripts.staging import controller_log
+    from specdeploy.ops.copy import controller_log
     return str(controller_log(host, kind))
 
 

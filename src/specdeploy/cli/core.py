@@ -169,6 +169,18 @@ def schema_defaults(role: str = typer.Argument(..., help="Role name")):
     sys.stdout.write(role_defaults_yaml(role))
 
 
+@schema_app.command("write")
+def schema_write(check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 when a file is stale")):
+    """Regenerate every file made from the schema: each role's defaults/main/schema.yml and
+    meta/argument_specs.yml, and docs/variables.md."""
+    from specdeploy.hostvars.schema_docs import write_generated
+    changed = write_generated(check=check)
+    for p in changed:
+        print(("stale: " if check else "wrote: ") + str(p))
+    if check and changed:
+        raise typer.Exit(1)
+
+
 @schema_app.command("argspec")
 def schema_argspec(role: str = typer.Argument(..., help="Role name")):
     """Print a role's meta/argument_specs.yml, generated from the schema."""

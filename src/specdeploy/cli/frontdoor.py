@@ -32,7 +32,7 @@ def _rows_table(run, title: str) -> Table:
     from rich.markup import escape
     from rich.table import Table
 
-    from specdeploy.ops.frontdoor import fmt_s
+    from specdeploy.ops.progress import fmt_s
     t = Table(title=title, expand=False)
     for c in ("host", "phase", "progress", "elapsed", "result"):
         t.add_column(c)
@@ -63,7 +63,8 @@ def _triage_panel(row) -> Panel:
 
 def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Optional[List[str]],
               events: Optional[Path], skip_preflight: bool, secrets=None):
-    from specdeploy.ops.frontdoor import PLAYBOOKS, Run, private_dir, redact, run_playbook, targets
+    from specdeploy.ops.fleet import targets
+    from specdeploy.ops.runner import PLAYBOOKS, Run, private_dir, redact, run_playbook
     from specdeploy.hostvars.inventory import parse_extra_vars
     out = _console()
     vaulted: set[str] = set()
@@ -151,7 +152,7 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
 def _status_table(st: dict) -> Table:
     from rich.markup import escape
 
-    from specdeploy.ops.frontdoor import fmt_s  # noqa: F401
+    from specdeploy.ops.progress import fmt_s  # noqa: F401
     from rich.table import Table
     t = Table(title=f"fleet status ({time.strftime('%H:%M:%S', time.localtime(st['time']))}, prometheus: "
                     f"{st['prometheus'] or 'unreachable'})")
@@ -202,7 +203,8 @@ def status_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
                vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """The fleet: up, engine, release, speculation, gate verdict, acceptance, tokens/s, TTFT, restarts."""
     from specdeploy.hostvars.argcheck import finite
-    from specdeploy.ops.frontdoor import fleet_status, prometheus_urls, targets
+    from specdeploy.ops.fleet import targets
+    from specdeploy.ops.status import fleet_status, prometheus_urls
     try:
         finite(timeout, "--timeout", positive=True)
         finite(interval, "--interval", positive=True)
@@ -245,7 +247,8 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
                vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Key dashboard panels as a PNG from Prometheus: acceptance length, speedup, tokens/s, all-reduce share."""
     from specdeploy.hostvars.argcheck import duration
-    from specdeploy.ops.frontdoor import prometheus_urls, targets
+    from specdeploy.ops.fleet import targets
+    from specdeploy.ops.status import prometheus_urls
     from specdeploy.speculation.report import render
     try:
         secs = duration(range_, "--range")

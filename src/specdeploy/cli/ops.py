@@ -31,7 +31,7 @@ def preflight_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
         secrets = vault(vault_id, vault_password_file)
         extra = parse_extra_vars(extra_vars, secrets)
         if hosts:
-            from specdeploy.gpuhost.hostfacts import preflight_hosts
+            from specdeploy.gpuhost.remote import preflight_hosts
             reports = preflight_hosts(inventory, limit, extra, vault=secrets)
         else:
             reports = preflight(inventory, limit, extra, secrets)

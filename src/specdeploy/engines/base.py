@@ -68,6 +68,30 @@ class Metrics:
         return set(self.spec_counters.values()) | set(self.spec_gauges.values()) | set(self.serving.values())
 
 
+@dataclass(frozen=True)
+class Signature:
+    """A known failure in the engine's own words: the pattern its root exception matches, how sure a match is
+    (``high`` where the text names the cause, ``medium`` for a likely reading of a symptom) and the fix."""
+
+    name: str
+    confidence: str
+    pattern: Any  # a compiled re.Pattern
+    fix: str
+
+
+@dataclass(frozen=True)
+class LoadLog:
+    """The engine's log lines that show a start's progress (compiled patterns; None where the engine prints
+    none): weight shards (group 2/3: done/total), KV cache size (group 1: tokens), CUDA-graph capture (group 2/3),
+    capture done, and ready."""
+
+    shards: Any = None
+    kv_tokens: Any = None
+    graphs: Any = None
+    graphs_done: Any = None
+    ready: Any = None
+
+
 @dataclass
 class Command:
     argv: list[str]
@@ -93,6 +117,9 @@ class EngineAdapter:
     metrics: Metrics
     default_port: int = 8000
     launch_hint = "--help"
+    # --- logs (triage/, the front door's load progress) ------------------------------------
+    triage_signatures: tuple[Signature, ...] = ()  # checked before the engine-independent ones
+    load_log: LoadLog = LoadLog()
     # --- image ---------------------------------------------------------------------------
     upstream_image: str = ""  # official image repository; the tag is v<version>
     version_arg: str = ""  # the Dockerfile's build argument that pins the engine version

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specdeploy.values.errors import Finding
 from specdeploy.engines import eagle3_targets as e3
+from specdeploy.engines import sglang_logs
 from specdeploy.engines.base import (
     AllReducePath,
     Command,
@@ -143,6 +144,8 @@ API_KEY_CREDENTIAL = "sglang-api-key.yaml"
 class SGLang(EngineAdapter):
     name = "sglang"
     label = "SGLang"
+    triage_signatures = sglang_logs.SIGNATURES
+    load_log = sglang_logs.LOAD_LOG
     upstream_image = "lmsysorg/sglang"
     version_arg = "SGLANG_VERSION"
     # No SGLang patches exist; the package's own __init__ and version are enough to locate and name it.

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specdeploy.values.errors import Finding
 from specdeploy.engines import eagle3_targets as e3
+from specdeploy.engines import vllm_logs
 from specdeploy.engines.base import (
     AllReducePath,
     Command,
@@ -195,6 +196,8 @@ IMAGE_CUDA = {"0.16.0": "12.9.1", "0.18.0": "12.9.1", "0.19.0": "12.9.1", "0.20.
 class VLLM(EngineAdapter):
     name = "vllm"
     label = "vLLM"
+    triage_signatures = vllm_logs.signatures(CAPABILITIES["kimi_eagle3_upstream"].since)
+    load_log = vllm_logs.LOAD_LOG
     upstream_image = "vllm/vllm-openai"
     version_arg = "VLLM_VERSION"
     standin_build_args = {"IMPORT_CHECK": "0"}  # the stand-in has vLLM's Python sources but no torch

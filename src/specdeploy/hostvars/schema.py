@@ -16,6 +16,7 @@ from pydantic_core import PydanticCustomError
 
 from specdeploy.values.errors import Finding, SpecdeployError
 from specdeploy.values.hardware import PROFILE_NAMES
+from specdeploy.values.hostpaths import HOST_PATHS
 
 PREFIX = "specdeploy_"
 
@@ -106,11 +107,12 @@ class HostVars(BaseModel):
         "docker", description="`docker`: the official engine image, patched where needed. `venv`: a Python "
         "environment on the host.")
     specdeploy_venv_path: str = Field(
-        "/opt/specdeploy/venv", description="The Python environment used by the `venv` runtime.")
+        HOST_PATHS["venv"], description="The Python environment used by the `venv` runtime.")
     specdeploy_image: str | None = Field(
         None, description="Engine image to run with the `docker` runtime; default: the image `build.yml` tags.")
     specdeploy_hardware: Literal[PROFILE_NAMES] = Field(  # type: ignore[valid-type]
-        description="Hardware profile: `rtx_pro_6000_pcie`, `b200_nvl8`, `h200_nvl8` or `custom`.")
+        description="Hardware profile: " + ", ".join(f"`{n}`" for n in PROFILE_NAMES[:-1])
+        + f" or `{PROFILE_NAMES[-1]}`.")
     specdeploy_hardware_custom: CustomHardware | None = Field(
         None, description="For `specdeploy_hardware: custom`: gpu_count, gpu_memory_gib, compute_capability, "
         "interconnect (`pcie`/`nvlink`), nvswitch, nccl_env.")

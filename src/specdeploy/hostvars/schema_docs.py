@@ -91,6 +91,16 @@ def _choices(name: str) -> list | None:
     return None
 
 
+def ansible_default(value):
+    """A default as a role writes it: a host path through the ``specdeploy_path`` filter, so the roles never
+    spell one (values/hostpaths.py is the one place)."""
+    from specdeploy.values.hostpaths import HOST_PATHS
+    for key, path in HOST_PATHS.items():
+        if isinstance(value, str) and value == path:
+            return "{{ '" + key + "' | specdeploy_path }}"
+    return value
+
+
 def field_spec(name: str) -> dict[str, Any]:
     f = FIELDS[name]
     spec: dict[str, Any] = {"description": f.description or name}
@@ -102,7 +112,7 @@ def field_spec(name: str) -> dict[str, Any]:
     else:
         default = f.get_default(call_default_factory=True)
         if default is not None:
-            spec["default"] = default
+            spec["default"] = ansible_default(default)
     return spec
 
 
@@ -146,7 +156,7 @@ def role_defaults(role: str) -> dict:
     for n in _role_names(role):
         f = FIELDS[n]
         if not f.is_required():
-            out[n] = f.get_default(call_default_factory=True)
+            out[n] = ansible_default(f.get_default(call_default_factory=True))
     return out
 
 
@@ -178,3 +188,32 @@ def variables_markdown() -> str:
         lines.append(f"| `{name}` | {kind} | {default} | {f.description} |")
     return "\n".join(lines) + "\n"
 
+
+
+def generated_files(repo: Path | None = None) -> dict[Path, str]:
+    """Every file generated from the schema: each role's defaults/main/schema.yml and meta/argument_specs.yml,
+    and docs/variables.md. All are computed before any is written (an argument spec keeps its hand-written part,
+    which is read from the file being replaced)."""
+    repo = repo or ROLES_DIR.parents[1]
+    out: dict[Path, str] = {}
+    for role in ROLE_VARS:
+        out[repo / "ansible" / "roles" / role / "defaults" / "main" / "schema.yml"] = role_defaults_yaml(role)
+        out[repo / "ansible" / "roles" / role / "meta" / "argument_specs.yml"] = argument_specs_yaml(role)
+    out[repo / "docs" / "variables.md"] = variables_markdown()
+    return out
+
+
+def write_generated(check: bool = False) -> list[Path]:
+    """Regenerate every schema-generated file; with ``check``, write nothing. Returns the files that were (or,
+    with ``check``, would be) changed."""
+    import os
+    changed = []
+    for path, text in generated_files().items():
+        if path.is_file() and path.read_text() == text:
+            continue
+        changed.append(path)
+        if not check:
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+    return changed

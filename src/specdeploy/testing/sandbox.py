@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdeploy.values.hostpaths import SANDBOX_BASE_ARCHIVE
+
 from specdeploy.engines import DEFAULT as DEFAULT_ENGINE
 from specdeploy.engines import get as get_engine
 from specdeploy.values.errors import Finding, SpecdeployError
@@ -31,7 +33,7 @@ PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "pyt
 # cgroup v1 controllers. /var/lib/docker is bound from the controller's disk: overlay2 cannot sit on overlayfs.
 NSPAWN_DOCKER = ["--capability=all", "--system-call-filter=@keyring bpf"]
 CGROUP_CONTROLLERS = ["cpuset", "cpu", "cpuacct", "blkio", "memory", "devices", "freezer", "pids"]
-BASE_IMAGE_IN_HOST = "/opt/specdeploy-sandbox/base-image.tar"
+BASE_IMAGE_IN_HOST = SANDBOX_BASE_ARCHIVE
 ROOTFS_LAYOUT = "3"  # bump when the meaning of a package or file changes without its text changing
 NSPAWN_RUNTIME = Path("/run/systemd/nspawn")
 # machine-wide: one up/down at a time, and which state directory runs each host name

@@ -11,24 +11,8 @@ from specdeploy.triage.evidence import Evidence
 HIGH, MEDIUM = "high", "medium"
 OOM = re.compile(r"(?i)(?:CUDA|HIP|NPU) out of memory|OutOfMemoryError|(?:CUDA|HIP)(?: driver)? error: out of memory|"
                  r"CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory")
-SIGNATURES = [
-    ("kimi-image-token-index", HIGH, re.compile(r"'KimiK25Config' object has no attribute 'image_token_index'"),
-     ("vLLM < 0.18 reads image_token_index, which Kimi-K2.5's config lacks: set specdeploy_engine_patches: auto "
-     "(patched image) or pin vLLM >= 0.18.0.")),
-    ("eagle3-interface-missing", HIGH, re.compile(r"does not support EAGLE3 interface but aux_hidden_state_outputs"),
-     ("DeepseekV2/V3 (and KimiK25) do not implement SupportsEagle3 before vLLM 0.18: set "
-     "specdeploy_engine_patches: auto or pin vLLM >= 0.18.0.")),
-    ("eagle3-target-whitelist", HIGH, re.compile(r"(?i)eagle3 is only supported for|is only supported for \[.*llama"),
-     ("This vLLM accepts EAGLE-3 only for the target model types its message lists: for Kimi-K2.5/DeepSeek "
-      "(rejected before 0.18) set specdeploy_engine_patches: auto or pin vLLM >= 0.18.0; for other targets use a "
-      "vLLM that lists the model type.")),
-    ("speculators-supports-eagle3", HIGH, re.compile(r"(?i)supports_eagle3|does not support eagle ?3(?! interface)"),
-     ("The speculators hidden-state worker checks supports_eagle3 on the top-level KimiK25 wrapper: use a vLLM "
-     "with SupportsEagle3 on KimiK25ForConditionalGeneration (>= 0.18.0, or the patched image).")),
-    ("scheduler-is-encoder-decoder", HIGH, re.compile(r"SchedulerConfig.*is_encoder_decoder|is_encoder_decoder.*"
-                                                      r"SchedulerConfig"),
-     ("The speculators release predates this vLLM (SchedulerConfig gained is_encoder_decoder): install a "
-     "speculators release built for the pinned vLLM.")),
+# engine-independent; each engine's own come first (its adapter's ``triage_signatures``)
+GENERIC = [
     ("trust-remote-code", HIGH, re.compile(r"(?i)requires you to execute the (?:configuration|tokenizer|modeling) "
                                            r"file|contains custom code which must be executed"),
      ("The model ships its own config/tokenizer code and the loader was not allowed to run it: set "
@@ -54,10 +38,6 @@ SIGNATURES = [
                                               r"not supported"),
      ("The engine's compiled kernels do not include this GPU's architecture: use an engine image built for it "
      "(TORCH_CUDA_ARCH_LIST), or disable the kernel path named in the error.")),
-    ("sglang-custom-allreduce-pcie", HIGH, re.compile(r"CustomAllReduceV2' object has no attribute|"
-                                                      r"Custom all-?reduce.*(?:not supported|failed)", re.IGNORECASE),
-     ("SGLang's custom all-reduce breaks during CUDA-graph capture without NVLink: set "
-     "specdeploy_custom_all_reduce: false (--disable-custom-all-reduce).")),
     ("architecture-unsupported", MEDIUM, re.compile(r"Model architectures \[.*\] are not supported"),
      ("This engine version does not know the architecture, or failed to import its implementation: look for an "
      "earlier 'Error in inspecting model architecture' or ImportError; otherwise upgrade the engine (custom "
@@ -72,9 +52,6 @@ SIGNATURES = [
      ("NCCL could not reach a peer over its socket transport: set NCCL_SOCKET_IFNAME (and GLOO_SOCKET_IFNAME) on "
       "every node to the interface whose address the other nodes reach (not docker0 or a bridge), and check the "
       "firewall between the nodes.")),
-    ("request-slots-exhausted", MEDIUM, re.compile(r"alloc_req_slots runs out of memory"),
-     ("The request pool is smaller than the running batch: lower --max-running-requests or raise "
-     "--mem-fraction-static.")),
 ]
 OOM_FIX = {
     "weights": "The weights do not fit in GPU memory at this tensor-parallel size: raise "
@@ -144,14 +121,21 @@ HINTS = [
 
 
 
+def all_signatures() -> list[tuple]:
+    """(name, confidence, pattern, fix): every registered engine's signatures, then the engine-independent ones."""
+    from specdeploy.engines import adapters
+    own = [(s.name, s.confidence, s.pattern, s.fix) for a in adapters() for s in a.triage_signatures]
+    return own + GENERIC
+
+
 def _named(name: str):
-    return next((n, c, f) for n, c, _, f in SIGNATURES if n == name)
+    return next((n, c, f) for n, c, _, f in all_signatures() if n == name)
 
 
 def signature(root: Evidence, text: str):
     """(name, confidence, fix, evidence record, why) of the first signature that matches, or None."""
     probe = " ".join([text] + root.block[:3])
-    for name, conf, rx, fix in SIGNATURES:
+    for name, conf, rx, fix in all_signatures():
         if rx.search(probe):
             return name, conf, fix, root.rec, "root cause"
         hit = next((r for r in root.after if rx.search(r.text)), None)

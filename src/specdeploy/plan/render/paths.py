@@ -3,11 +3,9 @@ converted drafter. Every renderer takes these from here."""
 from __future__ import annotations
 
 from specdeploy.hostvars.schema import HostVars
+from specdeploy.values.hostpaths import CONFIG_DIR, SERVICE_USER, STATE_DIR  # noqa: F401 (re-exported)
 
-STATE_DIR = "/var/lib/specdeploy"
-CONFIG_DIR = "/etc/specdeploy"
 CRED_TOKEN = "${CREDENTIALS_DIRECTORY}"
-SERVICE_USER = "specdeploy"
 
 
 def unit_name(engine: str) -> str:
@@ -34,3 +32,8 @@ def converted_drafter_path(hv: HostVars) -> str | None:
     if not (hv.specdeploy_spec_enabled and hv.specdeploy_drafter_path):
         return None
     return f"{STATE_DIR}/drafter/{hv.specdeploy_engine}"
+
+
+def gate_vars_file(inventory_dir: str, host: str) -> str:
+    """The controller-side inventory file where the gate writes a host's verdict as variables."""
+    return f"{inventory_dir}/host_vars/{host}/specdeploy_gate.yml"

@@ -1,8 +1,5 @@
-"""The operator's front door: deploy/rollback/verify through ansible-runner with one live row per host, the
-engine's load progress read from its log, and the fleet's status from the exporters and Prometheus.
-
-Everything here is independent of the terminal: ``cli/frontdoor.py`` draws it.
-"""
+"""Deploy, rollback and verify through ansible-runner: one live row per host (phase, load progress, staging
+progress), the events written down with secrets redacted."""
 from __future__ import annotations
 
 import json
@@ -12,152 +9,17 @@ import shlex
 import subprocess
 import threading
 import time
-import urllib.parse
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from specdeploy.values import metrics as M
+from specdeploy.ops.fleet import Target, read_journal
+from specdeploy.ops.progress import parse_load
+
 
 REPO = Path(__file__).resolve().parents[3]
 PLAYBOOKS = {"deploy": "site.yml", "rollback": "rollback.yml", "verify": "verify.yml"}
 PHASES = ("provision", "image", "stage", "start", "load", "ready", "gate")
-
-
-# ---- engine load progress, from the engine's own log lines ----------------------------------------------
-_SHARDS = re.compile(r"Loading safetensors checkpoint shards:\s+(\d+)% Completed \| (\d+)/(\d+)")
-_KV_VLLM = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
-_KV_SGLANG = re.compile(r"KV Cache is allocated\. #tokens: (\d+)")
-_GRAPHS = re.compile(r"(?:Capturing CUDA graphs?[^:]*|Capturing batches \([^)]*\)):\s+(\d+)%\|[^|]*\| (\d+)/(\d+)")
-_GRAPHS_DONE = re.compile(r"Graph capturing finished in|Capture cuda graph end")
-_READY = re.compile(r"Application startup complete|The server is fired up and ready to roll")
-
-
-@dataclass
-class LoadProgress:
-    stage: str = "starting"          # starting, weights, kv-cache, cuda-graphs, ready
-    shards: tuple[int, int] | None = None
-    kv_tokens: int | None = None
-    graphs: tuple[int, int] | None = None
-    eta_s: float | None = None
-
-    def text(self) -> str:
-        parts = []
-        if self.shards:
-            parts.append(f"shards {self.shards[0]}/{self.shards[1]}")
-        if self.kv_tokens is not None:
-            parts.append(f"KV cache {self.kv_tokens:,} tok")
-        if self.graphs:
-            parts.append(f"CUDA graphs {self.graphs[0]}/{self.graphs[1]}")
-        if self.stage == "ready":
-            parts.append("ready")
-        if self.eta_s is not None and self.stage != "ready":
-            parts.append(f"ETA {fmt_s(self.eta_s)}")
-        return ", ".join(parts) or self.stage
-
-
-def fmt_s(s: float) -> str:
-    s = max(0, int(s))
-    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
-def parse_load(lines: list[tuple[float | None, str]], now: float | None = None) -> LoadProgress:
-    """Progress of one engine start from its log lines [(unix time or None, text)], oldest first. The ETA
-    extrapolates the current tqdm bar (weight shards, then CUDA graphs) from the log's own timestamps."""
-    p = LoadProgress()
-    bar_start: dict[str, tuple[float, int]] = {}
-    last: dict[str, tuple[float, int, int]] = {}
-    for t, line in lines:
-        if m := _SHARDS.search(line):
-            n, tot = int(m.group(2)), int(m.group(3))
-            p.shards, p.stage = (n, tot), "weights"
-            if t is not None:
-                bar_start.setdefault("w", (t, n))
-                last["w"] = (t, n, tot)
-        elif m := (_KV_VLLM.search(line) or _KV_SGLANG.search(line)):
-            p.kv_tokens, p.stage = int(m.group(1).replace(",", "")), "kv-cache"
-        elif m := _GRAPHS.search(line):
-            n, tot = int(m.group(2)), int(m.group(3))
-            p.graphs, p.stage = (n, tot), "cuda-graphs"
-            if t is not None:
-                bar_start.setdefault("g", (t, n))
-                last["g"] = (t, n, tot)
-        elif _GRAPHS_DONE.search(line):
-            p.stage = "cuda-graphs"
-            if p.graphs:
-                p.graphs = (p.graphs[1], p.graphs[1])
-        if _READY.search(line):
-            p.stage = "ready"
-    bar = {"weights": "w", "cuda-graphs": "g"}.get(p.stage)
-    if bar and bar in last and bar in bar_start:
-        t0, n0 = bar_start[bar]
-        t1, n1, tot = last[bar]
-        if n1 > n0 and t1 > t0:
-            rate = (n1 - n0) / (t1 - t0)
-            p.eta_s = max(0.0, (tot - n1) / rate - ((now or t1) - t1))
-    return p
-
-
-def journal_lines(text: str, unit: str) -> list[tuple[float | None, str]]:
-    """``journalctl -o short-unix`` output, from the unit's last start on."""
-    out: list[tuple[float | None, str]] = []
-    for raw in text.splitlines():
-        ts, _, rest = raw.partition(" ")
-        try:
-            t = float(ts)
-        except ValueError:
-            t, rest = None, raw
-        msg = rest.split(": ", 1)[1] if ": " in rest else rest
-        if re.search(rf"(Starting|Started) {re.escape(unit.removesuffix('.service'))}", rest):
-            out = []
-        out.append((t, msg))
-    return out
-
-
-# ---- hosts ------------------------------------------------------------------------------------------------
-@dataclass
-class Target:
-    host: str
-    address: str
-    engine: str
-    engine_port: int
-    exporter_port: int
-    unit: str
-    ssh: list[str]
-
-
-def targets(inventory: str, limit: str | None = None, extra: dict | None = None,
-            vault=None) -> tuple[list[Target], list[str]]:
-    """Engine hosts with their ports and an ssh command line (from the same Ansible variables a play uses),
-    and the monitoring hosts' addresses."""
-    from specdeploy.hostvars.inventory import load
-    from specdeploy.plan.render.paths import unit_name
-    inv = load(inventory, limit=limit, extra=extra, vault=vault)
-    out = []
-    for h in inv.engine_hosts:
-        v = h.vars
-        ssh = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3"]
-        if v.get("ansible_ssh_private_key_file"):
-            ssh += ["-i", str(v["ansible_ssh_private_key_file"])]
-        if v.get("ansible_port"):
-            ssh += ["-p", str(v["ansible_port"])]
-        ssh += shlex.split(str(v.get("ansible_ssh_common_args") or ""))
-        ssh.append(f"{v['ansible_user']}@{h.address}" if v.get("ansible_user") else h.address)
-        out.append(Target(h.name, h.address, h.hv.specdeploy_engine, h.hv.specdeploy_port,
-                          h.hv.specdeploy_exporter_port, unit_name(h.hv.specdeploy_engine), ssh))
-    mon = [str(inv.all_vars.get(m, {}).get("ansible_host", m)) for m in inv.monitoring_hosts]
-    return out, mon
-
-
-def read_journal(t: Target, timeout: float = 8) -> list[tuple[float | None, str]] | None:
-    try:
-        r = subprocess.run(t.ssh + [f"journalctl -u {t.unit} -o short-unix --no-pager -n 3000"],
-                           capture_output=True, text=True, timeout=timeout)
-    except (subprocess.TimeoutExpired, OSError):
-        return None
-    return journal_lines(r.stdout, t.unit) if r.returncode == 0 else None
-
 
 # ---- deploy / rollback / verify through ansible-runner ---------------------------------------------------
 REDACTED = "<redacted>"
@@ -347,7 +209,7 @@ class Run:
         """Staging progress of a host: a `controller` copy's rsync log on this machine, else a `shared` copy's
         progress file on the host."""
         from specdeploy.plan.render.paths import STATE_DIR
-        from specdeploy.hostscripts.staging import controller_log, rsync_progress
+        from specdeploy.ops.copy import controller_log, rsync_progress
         parts = []
         for kind in ("model", "drafter"):
             log = controller_log(host, kind)
@@ -396,7 +258,7 @@ class Run:
                 lines = read_journal(self.targets[host])
                 if lines is None:
                     continue
-                p = parse_load(lines, time.time())
+                p = parse_load(lines, time.time(), self.targets[host].engine)
                 text = p.text()
                 if text != row.progress:
                     row.progress = text
@@ -449,114 +311,3 @@ def run_playbook(run: Run, playbook: str, inventory: str, limit: str | None, ext
     rc = runner.rc if runner.rc is not None else 2
     run.finish(rc)
     return rc
-
-
-# ---- status -----------------------------------------------------------------------------------------------
-# Every exporter and Prometheus is an untrusted peer: each request has its own total deadline and size cap
-# (peerhttp), all of them run at once, and a host that answers garbage is one bad row, never a dead command.
-def scrape_exporter(t: Target, timeout: float = 2.0) -> dict[str, Any]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from specdeploy.values.peerhttp import PeerError, text
-    row: dict[str, Any] = {"host": t.host, "address": t.address, "reachable": False}
-    where = f"exporter {t.address}:{t.exporter_port}"
-    try:
-        page = text(f"http://{t.address}:{t.exporter_port}/metrics", timeout)
-    except PeerError as exc:
-        row["reachable"] = exc.reason.startswith(("HTTP ", "an HTML", "binary", "not UTF-8", "answer"))
-        row["error"] = f"{where}: {exc.reason}"
-        return row
-    row["reachable"] = True
-    seen: dict[str, Any] = {}
-    try:
-        for fam in text_string_to_metric_families(page):
-            for s in fam.samples:
-                if s.name == "specdeploy_engine_up":
-                    seen["up"] = bool(s.value)
-                elif s.name == "specdeploy_engine_info":
-                    seen.update(engine=s.labels.get("engine"), version=s.labels.get("version"),
-                                release=s.labels.get("release") or None,
-                                speculation="on" if s.labels.get("spec_tokens") not in ("0", "", None) else "off",
-                                spec_tokens=s.labels.get("spec_tokens"))
-                elif s.name == "specdeploy_spec_acceptance_length":
-                    seen["acceptance_length"] = s.value
-                elif s.name == "specdeploy_spec_acceptance_rate":
-                    seen["acceptance_rate"] = s.value
-                elif s.name == "specdeploy_gate_verdict" and s.value == 1:
-                    seen["gate"] = s.labels.get("verdict")
-    except Exception as exc:  # noqa: BLE001 - the parser raises bare ValueErrors and more on garbage
-        row["error"] = f"{where}: not a metrics page ({str(exc).splitlines()[0][:60] if str(exc) else 'garbage'})"
-        return row
-    if "up" not in seen:
-        row["error"] = f"{where}: no specdeploy_engine_up (not a specdeploy exporter?)"
-        return row
-    row.update(seen)
-    return row
-
-
-PROM_QUERIES = {"tokens_per_s": M.q_tokens_per_s("1m"), "ttft_p50": M.q_ttft(0.5, "5m"),
-                "ttft_p99": M.q_ttft(0.99, "5m"), "restarts": M.Q_RESTARTS}
-
-
-def prom_query(base: str, q: str, timeout: float = 3.0) -> dict[str, float]:
-    """Instant query -> {host: value} (NaN results dropped); a PeerError for anything but a vector answer."""
-    from specdeploy.values.peerhttp import PeerError, json_object
-    url = f"{base.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": q})
-    data = json_object(url, timeout)
-    result = (data.get("data") or {}).get("result") if isinstance(data.get("data"), dict) else None
-    if data.get("status") != "success" or not isinstance(result, list):
-        raise PeerError(url, f"not a Prometheus query answer ({str(data.get('error') or 'no result')[:60]})")
-    out = {}
-    for r in result:
-        try:
-            v = float(r["value"][1])
-            host = r["metric"].get("host", "")
-        except (TypeError, KeyError, IndexError, ValueError, AttributeError):
-            raise PeerError(url, "a malformed sample in the Prometheus answer") from None
-        if v == v:
-            out[str(host)] = v
-    return out
-
-
-def fleet_status(hosts: list[Target], prometheus: list[str], timeout: float = 2.0) -> dict:
-    """One row per host from its exporter, with serving figures from Prometheus. Every request runs at once with
-    its own ``timeout`` as a total deadline, so the whole call takes about ``timeout``, however peers behave."""
-    from concurrent.futures import wait
-    jobs = len(hosts) + len(prometheus) * len(PROM_QUERIES)
-    ex = ThreadPoolExecutor(max_workers=max(1, min(64, jobs)))
-    try:
-        rows_f = [ex.submit(scrape_exporter, t, timeout) for t in hosts]
-        prom_f = {base: {k: ex.submit(prom_query, base, q, timeout) for k, q in PROM_QUERIES.items()}
-                  for base in prometheus}
-        # the deadline is inside each request; this bound only guards against a queue longer than the pool
-        wait(rows_f + [f for fs in prom_f.values() for f in fs.values()], timeout=timeout * (1 + jobs // 64) + 2)
-        rows = []
-        for t, f in zip(hosts, rows_f):
-            if f.done() and not f.exception():
-                rows.append(f.result())
-            else:
-                why = f"{f.exception()}"[:80] if f.done() else f"no answer within {timeout:g} s"
-                rows.append({"host": t.host, "address": t.address, "reachable": False,
-                             "error": f"exporter {t.address}:{t.exporter_port}: {why}"})
-        prom_used, prom_errors = None, []
-        figures: dict[str, dict[str, float]] = {}
-        for base, fs in prom_f.items():
-            bad = [f"{getattr(f.exception(), 'reason', f.exception())}" if f.done() else
-                   f"no answer within {timeout:g} s" for f in fs.values() if not f.done() or f.exception()]
-            if bad:
-                prom_errors.append(f"{base}: {bad[0]}")
-                continue
-            figures = {k: f.result() for k, f in fs.items()}
-            prom_used = base
-            break
-    finally:
-        ex.shutdown(wait=False, cancel_futures=True)
-    for row in rows:
-        for k, by_host in figures.items():
-            if row["host"] in by_host:
-                row[k] = by_host[row["host"]]
-    return {"time": time.time(), "prometheus": prom_used, "prometheus_errors": prom_errors, "hosts": rows}
-
-
-def prometheus_urls(monitoring: list[str], explicit: str | None) -> list[str]:
-    return [explicit] if explicit else [f"http://{m}:9090" for m in monitoring]

@@ -1,0 +1,46 @@
+"""The engine hosts of an inventory as the front door reaches them: address, ports, unit, ssh command line."""
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+
+from specdeploy.ops.progress import journal_lines
+
+
+# ---- hosts ------------------------------------------------------------------------------------------------
+@dataclass
+class Target:
+    host: str
+    address: str
+    engine: str
+    engine_port: int
+    exporter_port: int
+    unit: str
+    ssh: list[str]
+
+
+def targets(inventory: str, limit: str | None = None, extra: dict | None = None,
+            vault=None) -> tuple[list[Target], list[str]]:
+    """Engine hosts with their ports and an ssh command line (from the same Ansible variables a play uses),
+    and the monitoring hosts' addresses."""
+    from specdeploy.hostvars.inventory import load
+    from specdeploy.hostvars.ssh import destination, ssh_options
+    from specdeploy.plan.render.paths import unit_name
+    inv = load(inventory, limit=limit, extra=extra, vault=vault)
+    out = []
+    for h in inv.engine_hosts:
+        v = h.vars
+        ssh = ssh_options(v, connect_timeout=3) + [destination(h.name, dict(v, ansible_host=h.address))]
+        out.append(Target(h.name, h.address, h.hv.specdeploy_engine, h.hv.specdeploy_port,
+                          h.hv.specdeploy_exporter_port, unit_name(h.hv.specdeploy_engine), ssh))
+    mon = [str(inv.all_vars.get(m, {}).get("ansible_host", m)) for m in inv.monitoring_hosts]
+    return out, mon
+
+
+def read_journal(t: Target, timeout: float = 8) -> list[tuple[float | None, str]] | None:
+    try:
+        r = subprocess.run(t.ssh + [f"journalctl -u {t.unit} -o short-unix --no-pager -n 3000"],
+                           capture_output=True, text=True, timeout=timeout)
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+    return journal_lines(r.stdout, t.unit) if r.returncode == 0 else None

@@ -1,0 +1,121 @@
+"""The fleet's status: each exporter and Prometheus read at once, each an untrusted peer with its own deadline."""
+from __future__ import annotations
+
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from specdeploy.values import metrics as M
+from specdeploy.ops.fleet import Target
+
+
+# ---- status -----------------------------------------------------------------------------------------------
+# Every exporter and Prometheus is an untrusted peer: each request has its own total deadline and size cap
+# (peerhttp), all of them run at once, and a host that answers garbage is one bad row, never a dead command.
+def scrape_exporter(t: Target, timeout: float = 2.0) -> dict[str, Any]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from specdeploy.values.peerhttp import PeerError, text
+    row: dict[str, Any] = {"host": t.host, "address": t.address, "reachable": False}
+    where = f"exporter {t.address}:{t.exporter_port}"
+    try:
+        page = text(f"http://{t.address}:{t.exporter_port}/metrics", timeout)
+    except PeerError as exc:
+        row["reachable"] = exc.reason.startswith(("HTTP ", "an HTML", "binary", "not UTF-8", "answer"))
+        row["error"] = f"{where}: {exc.reason}"
+        return row
+    row["reachable"] = True
+    seen: dict[str, Any] = {}
+    try:
+        for fam in text_string_to_metric_families(page):
+            for s in fam.samples:
+                if s.name == "specdeploy_engine_up":
+                    seen["up"] = bool(s.value)
+                elif s.name == "specdeploy_engine_info":
+                    seen.update(engine=s.labels.get("engine"), version=s.labels.get("version"),
+                                release=s.labels.get("release") or None,
+                                speculation="on" if s.labels.get("spec_tokens") not in ("0", "", None) else "off",
+                                spec_tokens=s.labels.get("spec_tokens"))
+                elif s.name == "specdeploy_spec_acceptance_length":
+                    seen["acceptance_length"] = s.value
+                elif s.name == "specdeploy_spec_acceptance_rate":
+                    seen["acceptance_rate"] = s.value
+                elif s.name == "specdeploy_gate_verdict" and s.value == 1:
+                    seen["gate"] = s.labels.get("verdict")
+    except Exception as exc:  # noqa: BLE001 - the parser raises bare ValueErrors and more on garbage
+        row["error"] = f"{where}: not a metrics page ({str(exc).splitlines()[0][:60] if str(exc) else 'garbage'})"
+        return row
+    if "up" not in seen:
+        row["error"] = f"{where}: no specdeploy_engine_up (not a specdeploy exporter?)"
+        return row
+    row.update(seen)
+    return row
+
+
+PROM_QUERIES = {"tokens_per_s": M.q_tokens_per_s("1m"), "ttft_p50": M.q_ttft(0.5, "5m"),
+                "ttft_p99": M.q_ttft(0.99, "5m"), "restarts": M.Q_RESTARTS}
+
+
+def prom_query(base: str, q: str, timeout: float = 3.0) -> dict[str, float]:
+    """Instant query -> {host: value} (NaN results dropped); a PeerError for anything but a vector answer."""
+    from specdeploy.values.peerhttp import PeerError, json_object
+    url = f"{base.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+    data = json_object(url, timeout)
+    result = (data.get("data") or {}).get("result") if isinstance(data.get("data"), dict) else None
+    if data.get("status") != "success" or not isinstance(result, list):
+        raise PeerError(url, f"not a Prometheus query answer ({str(data.get('error') or 'no result')[:60]})")
+    out = {}
+    for r in result:
+        try:
+            v = float(r["value"][1])
+            host = r["metric"].get("host", "")
+        except (TypeError, KeyError, IndexError, ValueError, AttributeError):
+            raise PeerError(url, "a malformed sample in the Prometheus answer") from None
+        if v == v:
+            out[str(host)] = v
+    return out
+
+
+def fleet_status(hosts: list[Target], prometheus: list[str], timeout: float = 2.0) -> dict:
+    """One row per host from its exporter, with serving figures from Prometheus. Every request runs at once with
+    its own ``timeout`` as a total deadline, so the whole call takes about ``timeout``, however peers behave."""
+    from concurrent.futures import wait
+    jobs = len(hosts) + len(prometheus) * len(PROM_QUERIES)
+    ex = ThreadPoolExecutor(max_workers=max(1, min(64, jobs)))
+    try:
+        rows_f = [ex.submit(scrape_exporter, t, timeout) for t in hosts]
+        prom_f = {base: {k: ex.submit(prom_query, base, q, timeout) for k, q in PROM_QUERIES.items()}
+                  for base in prometheus}
+        # the deadline is inside each request; this bound only guards against a queue longer than the pool
+        wait(rows_f + [f for fs in prom_f.values() for f in fs.values()], timeout=timeout * (1 + jobs // 64) + 2)
+        rows = []
+        for t, f in zip(hosts, rows_f):
+            if f.done() and not f.exception():
+                rows.append(f.result())
+            else:
+                why = f"{f.exception()}"[:80] if f.done() else f"no answer within {timeout:g} s"
+                rows.append({"host": t.host, "address": t.address, "reachable": False,
+                             "error": f"exporter {t.address}:{t.exporter_port}: {why}"})
+        prom_used, prom_errors = None, []
+        figures: dict[str, dict[str, float]] = {}
+        for base, fs in prom_f.items():
+            bad = [f"{getattr(f.exception(), 'reason', f.exception())}" if f.done() else
+                   f"no answer within {timeout:g} s" for f in fs.values() if not f.done() or f.exception()]
+            if bad:
+                prom_errors.append(f"{base}: {bad[0]}")
+                continue
+            figures = {k: f.result() for k, f in fs.items()}
+            prom_used = base
+            break
+    finally:
+        ex.shutdown(wait=False, cancel_futures=True)
+    for row in rows:
+        for k, by_host in figures.items():
+            if row["host"] in by_host:
+                row[k] = by_host[row["host"]]
+    return {"time": time.time(), "prometheus": prom_used, "prometheus_errors": prom_errors, "hosts": rows}
+
+
+def prometheus_urls(monitoring: list[str], explicit: str | None) -> list[str]:
+    return [explicit] if explicit else [f"http://{m}:9090" for m in monitoring]
