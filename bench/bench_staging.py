@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from specdeploy.hostscripts import staging
-from specdeploy.checks.safetensors_io import write_sparse
+from specdeploy.checkpoint.safetensors_io import write_sparse
 
 
 def make_set(root: Path, gb: float, shards: int) -> int:

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Tests live in a tree that mirrors the packages (unit/<package>/, e2e/, contract/, repo/); they share the
+# modules at this level (helpers, robust_cases, engines_fake, unitcheck).
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 MODEL = REPO / "examples/models/kimi-k2.5-int4"
 DRAFTER = REPO / "examples/models/kimi-k2.5-eagle3"
 

@@ -1,4 +1,4 @@
-"""Cases of the generative robustness suite (tests/test_robustness.py): bad files, bad values and bad arguments
+"""Cases of the generative robustness suite (tests/unit/cli/test_robustness.py): bad files, bad values and bad arguments
 for the commands that run without a host.
 
 A case is an argv with placeholders, filled in a fresh scratch tree per case:

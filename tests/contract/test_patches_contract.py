@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specdeploy.engines import upstream
-from specdeploy.plan.patches import vllm as pv
+from specdeploy.engines.patches import vllm as pv
 
 pytestmark = pytest.mark.contract
 SD = [sys.executable, "-m", "specdeploy.cli", "patch"]

@@ -9,7 +9,7 @@ from pathlib import Path
 from specdeploy import drafter as drafter_mod
 from specdeploy.engines import get_adapter
 from specdeploy.values.errors import Finding, Report, SpecdeployError
-from specdeploy.checks.modelcfg import TargetModel
+from specdeploy.checkpoint.modelcfg import TargetModel
 from specdeploy.hostvars.schema import HostVars, validate_host
 
 GIB = 1 << 30

@@ -102,7 +102,7 @@ def engine_image(engine: str = typer.Option(..., "--engine"), version: str = typ
     """The image tag, patch set and build arguments for an engine version."""
     from specdeploy.engines import UnsupportedVersion, get
     from specdeploy.plan.images import image_tag, upstream_image
-    from specdeploy.plan.patches import patch_set_id, required_patches
+    from specdeploy.engines.patches import patch_set_id, required_patches
     if patches not in ("auto", "none"):
         error("--patches", f"unknown patch mode '{patches}'", "use auto or none")
     try:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from specdeploy.engines import get_adapter
 from specdeploy.values.errors import Finding, Report, SpecdeployError
-from specdeploy.checks.modelcfg import TargetModel
-from specdeploy.checks.safetensors_io import INDEX_FILE, rewrite_names
+from specdeploy.checkpoint.modelcfg import TargetModel
+from specdeploy.checkpoint.safetensors_io import INDEX_FILE, rewrite_names
 from specdeploy.drafter.head import SWITCHES, check_head
 from specdeploy.drafter.head import trained as head_trained
 from specdeploy.drafter.model import META_FILE, Drafter, default_aux, is_convertible, resolve_version, trained_taps

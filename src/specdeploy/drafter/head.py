@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from specdeploy.engines import EngineAdapter, Span
 from specdeploy.values.errors import Report
-from specdeploy.checks.modelcfg import TargetModel
+from specdeploy.checkpoint.modelcfg import TargetModel
 from specdeploy.drafter.model import CONVERT, Drafter
 
 SWITCHES = ("use_aux_hidden_state", "norm_before_fc", "fc_norm", "use_aux_norm", "norm_output")

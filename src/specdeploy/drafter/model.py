@@ -14,8 +14,8 @@ from pathlib import Path
 
 from specdeploy.engines import UnsupportedVersion, get, get_adapter, names
 from specdeploy.values.errors import Finding, SpecdeployError
-from specdeploy.checks.modelcfg import TargetModel, load_json
-from specdeploy.checks.safetensors_io import SafetensorsError, TensorInfo, bin_only, checkpoint_tensors
+from specdeploy.checkpoint.modelcfg import TargetModel, load_json
+from specdeploy.checkpoint.safetensors_io import SafetensorsError, TensorInfo, bin_only, checkpoint_tensors
 
 META_FILE = "specdeploy-conversion.json"
 CONVERT = "run `specdeploy drafter convert --engine {engine}`"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from specdeploy.engines import EngineAdapter, get, get_adapter, names
 from specdeploy.values.errors import Report
-from specdeploy.checks.modelcfg import TargetModel
-from specdeploy.checks.safetensors_io import BIN_CONVERT, read_array
+from specdeploy.checkpoint.modelcfg import TargetModel
+from specdeploy.checkpoint.safetensors_io import BIN_CONVERT, read_array
 from specdeploy.drafter.head import check_head, fc_shape
 from specdeploy.drafter.model import (
     CONVERT,

@@ -222,7 +222,7 @@ class EngineAdapter:
         return {"disable_custom_all_reduce": True}
 
     def patch_ids(self) -> tuple[str, ...]:
-        """The patches this release needs (applied in the image build; see specdeploy.plan.patches)."""
+        """The patches this release needs (applied in the image build; see specdeploy.engines.patches)."""
         return ()
 
     @classmethod

@@ -185,7 +185,7 @@ DRAFTER = {
 SPEC_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
 
 
-# Patches for Kimi-K2.5 / DeepSeek EAGLE-3 before 0.18.0 (see specdeploy.plan.patches.vllm).
+# Patches for Kimi-K2.5 / DeepSeek EAGLE-3 before 0.18.0 (see specdeploy.engines.patches.vllm).
 KIMI_EAGLE3_PATCHES = ("vllm-eagle3-target-whitelist", "vllm-kimi-image-token", "vllm-deepseek-supports-eagle3")
 
 # CUDA of the official image per release (``ARG CUDA_VERSION=`` in the sdist's docker/Dockerfile).
@@ -323,7 +323,7 @@ class VLLM(EngineAdapter):
 
     @classmethod
     def patch_module(cls):
-        from specdeploy.plan.patches import vllm as module
+        from specdeploy.engines.patches import vllm as module
         return module
 
     def preflight(self, hv, target, drafter_fmt, rep, host) -> None:

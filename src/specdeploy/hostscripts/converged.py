@@ -86,14 +86,19 @@ def inputs_digest(repo: str, package_dir: str, inventory_sources: list[str], ext
     return h.hexdigest()
 
 
-def role_defaults(roles_dir: str) -> dict[str, str]:
-    """Plain (untemplated) string defaults of the roles, by variable name."""
+def role_defaults(roles_dir: str, resolve=None) -> dict[str, str]:
+    """Plain string defaults of the roles, by variable name. A templated one counts only where ``resolve`` (the
+    controller's, e.g. for the host-path filter) turns it into plain text; others are left out."""
     import yaml
     out: dict[str, str] = {}
     for f in sorted(glob.glob(os.path.join(roles_dir, "*", "defaults", "main", "role.yml"))):
         with open(f) as fh:
             data = yaml.safe_load(fh) or {}
-        out.update({k: v for k, v in data.items() if isinstance(v, str) and "{{" not in v})
+        for k, v in data.items():
+            if isinstance(v, str) and "{{" in v and resolve is not None:
+                v = resolve(v)
+            if isinstance(v, str) and "{{" not in v:
+                out[k] = v
     return out
 
 

@@ -145,7 +145,7 @@ def argument_specs(role: str) -> dict:
         "short_description": ROLE_DESCRIPTIONS[role],
         "description": ["Generated from specdeploy.hostvars.schema.HostVars by `specdeploy schema argspec " + role + "`;",
                         "the role's own options and its other entry points are written here by hand and kept.",
-                        "tests/test_schema.py fails when the generated part drifts."],
+                        "tests/unit/hostvars/test_schema.py fails when the generated part drifts."],
         "options": {n: field_spec(n) for n in names} | own,
     }, **entry_points}}
 

@@ -6,7 +6,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from specdeploy.values import metrics as M
+from specdeploy.speculation import metrics as M
 from specdeploy.ops.fleet import Target
 
 

@@ -141,7 +141,7 @@ def secret_files(hv: HostVars, key: str) -> dict[str, str]:
 
 
 def image_patch_label(hv: HostVars) -> str:
-    from specdeploy.plan.patches import patch_set_id
+    from specdeploy.engines.patches import patch_set_id
     return patch_set_id(hv.specdeploy_engine, hv.specdeploy_engine_version, hv.specdeploy_engine_patches)
 
 

@@ -7,7 +7,7 @@ the engine's real Python sources (``docker/sandbox-engine.Dockerfile``), whose e
 from __future__ import annotations
 
 from specdeploy.engines import get, get_adapter
-from specdeploy.plan.patches import patch_set_id, required_patches
+from specdeploy.engines.patches import patch_set_id, required_patches
 
 
 def upstream_image(engine: str, version: str) -> str:

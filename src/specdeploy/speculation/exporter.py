@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specdeploy.values import peerhttp
 from specdeploy.engines import get
-from specdeploy.values.metrics import help_of
+from specdeploy.speculation.metrics import help_of
 
 log = logging.getLogger(__name__)
 

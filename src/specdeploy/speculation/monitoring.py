@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 
-from specdeploy.values import metrics as M
+from specdeploy.speculation import metrics as M
 from specdeploy.engines import names as engine_names
 from specdeploy.plan.render.systemd import jinja_env
 

@@ -12,7 +12,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from specdeploy.values import metrics as M
+from specdeploy.speculation import metrics as M
 
 
 def query_range(base: str, q: str, start: float, end: float, step: float, timeout: float = 10) -> dict[str, list]:

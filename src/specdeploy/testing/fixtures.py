@@ -8,7 +8,7 @@ import json
 import struct
 from pathlib import Path
 
-from specdeploy.checks.safetensors_io import write_sparse
+from specdeploy.checkpoint.safetensors_io import write_sparse
 
 TARGET_VOCAB = 163840
 HIDDEN = 7168

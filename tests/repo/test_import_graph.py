@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 PKG = "specdeploy"
 
 
@@ -136,3 +136,81 @@ def test_only_the_command_line_reaches_the_testing_package():
     users = {m for m, deps in graph.items() if not m.startswith(PKG + ".testing")
              and any(d == PKG + ".testing" or d.startswith(PKG + ".testing.") for d in deps)}
     assert users and all(m == PKG + ".cli" or m.startswith(PKG + ".cli.") for m in users), users
+
+
+# The layers, bottom up: a package imports only packages of a lower rank (and itself). Packages of one rank are
+# independent of each other. hostscripts import nothing of ours at all (they run on hosts before anything is
+# installed there). docs/architecture.md shows the same table.
+LAYERS = {
+    "values": 0, "hostscripts": 0,
+    "engines": 1,
+    "hostvars": 2,
+    "checkpoint": 3, "nccl": 3, "triage": 3,
+    "plan": 4,
+    "drafter": 5, "gpuhost": 5, "speculation": 5,
+    "checks": 6,
+    "ops": 7,
+    "testing": 8,
+    "cli": 9,
+}
+
+
+def package_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for m, deps in graph.items():
+        here = package_of(m)
+        for d in sorted(deps):
+            there = package_of(d)
+            if here is None or there is None or here == there:
+                continue
+            if here == "hostscripts" or LAYERS[there] >= LAYERS[here]:
+                bad.append(f"{m} ({here}, layer {LAYERS[here]}) imports {d} ({there}, layer {LAYERS[there]})")
+    return bad
+
+
+def test_every_package_has_a_layer():
+    found = {package_of(m) for m in modules(SRC)} - {None}
+    found = {p for p in found if (SRC / PKG / p).is_dir()}
+    assert found == set(LAYERS), f"packages without a layer: {found - set(LAYERS)}; gone: {set(LAYERS) - found}"
+    flat = [f.name for f in (SRC / PKG).glob("*.py") if f.name != "__init__.py"]
+    assert not flat, f"modules outside every layer package: {flat}"
+
+
+def test_imports_go_down_the_layers():
+    bad = upward_imports(import_graph(SRC))
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_a_planted_upward_import_fails(tmp_path):
+    """The layer check is not vacuous: the real tree with one upward import planted in it (the hardware values
+    importing the schema) fails it, at exactly that edge."""
+    import shutil
+    shutil.copytree(SRC / PKG, tmp_path / PKG)
+    target = tmp_path / PKG / "values" / "hardware.py"
+    target.write_text(target.read_text() + "\n\ndef _planted():\n    from specdeploy.hostvars import schema  # noqa\n")
+    bad = upward_imports(import_graph(tmp_path))
+    assert len(bad) == 1 and bad[0].startswith("specdeploy.values.hardware (values, layer 0) imports "
+                                               "specdeploy.hostvars.schema"), bad
+    assert not upward_imports(import_graph(SRC))
+
+
+def test_host_scripts_import_only_the_standard_library():
+    """staging and converged are copied to hosts and run by the host's own python3: a module-level import of
+    anything but the standard library (or of ours) breaks them there."""
+    import sys
+    for f in sorted((SRC / PKG / "hostscripts").glob("*.py")):
+        tree = ast.parse(f.read_text())
+        tops = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                tops |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                assert not node.level, f"{f.name}: relative import"
+                tops.add((node.module or "").split(".")[0])
+        allowed = set(sys.stdlib_module_names) | {"__future__", "yaml"}
+        assert tops <= allowed, f"{f.name} imports {sorted(tops - allowed)}"

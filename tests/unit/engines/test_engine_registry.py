@@ -7,7 +7,6 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
@@ -16,7 +15,7 @@ from typer.testing import CliRunner
 import engines_fake
 from helpers import free_port, wait_http
 from specdeploy import engines
-from specdeploy.values import metrics
+from specdeploy.speculation import metrics
 from specdeploy.speculation import monitoring
 from specdeploy.cli import app
 from specdeploy.values.errors import SpecdeployError
@@ -24,7 +23,7 @@ from specdeploy.speculation.exporter import SpecCollector, parse_engine_metrics
 from specdeploy.hostvars.schema import validate_host
 from specdeploy.hostvars.schema_docs import field_spec
 
-TESTS = Path(__file__).resolve().parent
+from helpers import TESTS  # noqa: E402
 MODEL = TESTS.parent / "examples/models/kimi-k2.5-int4"
 DRAFTER = TESTS.parent / "examples/models/kimi-k2.5-eagle3"
 

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from specdeploy.triage import read_log, triage_lines
+from helpers import TESTS
 
-CORPUS = Path(__file__).parent / "data" / "triage"
+CORPUS = TESTS / "data" / "triage"
 INDEX = yaml.safe_load((CORPUS / "index.yaml").read_text())["logs"]
 KSERVE = "2024-07-01 07:28:04.488 1 kserve INFO [__main__.py:<module>():254] "
 OWN_PROC = re.compile(r"^.{0,200}?\([A-Za-z_][\w .:=,\-/]{0,120}?pid=\d+[^()]*\)\s?")

@@ -16,8 +16,9 @@ import yaml
 
 from specdeploy.testing.simulator import crash_log
 from specdeploy.triage import normalise, read_log, triage_files, triage_lines
+from helpers import TESTS
 
-CORPUS = Path(__file__).parent / "data" / "triage"
+CORPUS = TESTS / "data" / "triage"
 INDEX = yaml.safe_load((CORPUS / "index.yaml").read_text())["logs"]
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdeploy.values.errors import Finding, SpecdeployError
-from specdeploy.checks.safetensors_io import DTYPE_BYTES, SafetensorsError, checkpoint_tensors
+from specdeploy.checkpoint.safetensors_io import DTYPE_BYTES, SafetensorsError, checkpoint_tensors
 
 
 def load_json(path: Path, subject: str) -> dict:

@@ -13,6 +13,7 @@ from specdeploy.nccl.choose import ChooseError, choose, load_rounds, parse_batch
 from specdeploy.nccl.topo import explain, iommu_mode, parse_acs, parse_topo_matrix
 from specdeploy.nccl.traffic import Traffic, traffic
 from specdeploy.plan import plan
+from helpers import TESTS
 
 DECODE = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
@@ -48,7 +49,7 @@ def split_rounds(data: dict) -> list[tuple[str, dict]]:
 def synthetic(factors: list[float], prefill_factor: float = 1.0, aa: bool = True) -> list[tuple[str, dict]]:
     """Files of one round each, built from the real default latencies of the recorded sweep: candidate 'x' runs
     at ``factors[i]`` times the default in round i (decode sizes), ``prefill_factor`` at prefill sizes."""
-    base = json.loads((Path(__file__).parent / "data/nccl-h200x2-nvlink-rounds.json").read_text())
+    base = json.loads((TESTS / "data/nccl-h200x2-nvlink-rounds.json").read_text())
     files = []
     for i, f in enumerate(factors):
         real = base["rounds"][i % len(base["rounds"])]

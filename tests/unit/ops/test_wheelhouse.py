@@ -10,10 +10,11 @@ from importlib.metadata import packages_distributions
 from pathlib import Path
 
 from specdeploy.ops.wheelhouse import HOST_REQUIREMENTS
+from helpers import REPO
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "specdeploy"
+SRC = REPO / "src" / "specdeploy"
 HOST_ENTRY = ["cli", "cli.host", "cli.drafter", "cli.patch", "cli.ops", "drafter", "speculation.exporter", "triage",
-              "checks.readiness", "testing.simulator", "hostscripts.staging", "checks.safetensors_io"]
+              "checks.readiness", "testing.simulator", "hostscripts.staging", "checkpoint.safetensors_io"]
 
 
 def _module_file(name: str) -> Path | None:

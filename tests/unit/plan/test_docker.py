@@ -1,6 +1,6 @@
 """The Docker runtime without a Docker engine: Dockerfiles, build plans, the rendered `docker run`, the env file
 as docker reads it, GPU flags per hardware profile, the wheelhouse for the hosts' Python, and fail-fast
-readiness. The images are built and run for real in the sandbox (tests/test_sandbox_e2e.py)."""
+readiness. The images are built and run for real in the sandbox (tests/e2e/test_sandbox_e2e.py)."""
 import re
 import subprocess
 import sys
@@ -9,7 +9,7 @@ import zipfile
 import pytest
 
 from specdeploy.plan.images import build_plan, image_tag
-from specdeploy.plan.patches import patch_set_id
+from specdeploy.engines.patches import patch_set_id
 
 
 def parse(path):

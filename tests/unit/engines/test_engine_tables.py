@@ -10,8 +10,9 @@ from packaging.version import Version
 from specdeploy import engines
 
 from specdeploy.engines import upstream
+from helpers import REPO
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "specdeploy"
+SRC = REPO / "src" / "specdeploy"
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

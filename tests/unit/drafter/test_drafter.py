@@ -11,7 +11,8 @@ from packaging.version import Version
 from specdeploy.drafter import check, convert, is_convertible
 from specdeploy.values.errors import SpecdeployError
 from specdeploy.testing.fixtures import drafter_config, write_drafter
-from specdeploy.checks.safetensors_io import checkpoint_tensors
+from specdeploy.checkpoint.safetensors_io import checkpoint_tensors
+from helpers import TESTS
 
 
 @pytest.fixture
@@ -63,7 +64,7 @@ def test_trap_d2t_int32_and_duplicates_and_eos(tmp_path, target):
 
 def test_trap_t2d_disagrees(tmp_path, target):
     from specdeploy.testing.fixtures import drafter_tensors
-    from specdeploy.checks.safetensors_io import write_sparse
+    from specdeploy.checkpoint.safetensors_io import write_sparse
     d = write_drafter(tmp_path / "d")
     specs, data = drafter_tensors()
     mask = bytearray(data["t2d"])
@@ -150,7 +151,7 @@ def test_convert_for_sglang_renames_hardlinks_and_records(tmp_path, target):
     assert os.stat(out / "model.safetensors").st_blocks * 512 < 5e6  # still sparse
     assert json.loads((out / "specdeploy-conversion.json").read_text())["actions"] == meta["actions"]
     # the renamed data is byte-identical for the small tensors
-    from specdeploy.checks.safetensors_io import read_tensor
+    from specdeploy.checkpoint.safetensors_io import read_tensor
     assert read_tensor(checkpoint_tensors(out)["d2t"]) == read_tensor(checkpoint_tensors(src)["d2t"])
 
 
@@ -178,7 +179,7 @@ def test_cli_json_and_exit_codes(tmp_path, target):
 
 
 # --- the corpus of real public drafters (tests/data/drafters/corpus/*.json) ------------------------------------
-CORPUS = sorted((Path(__file__).parent / "data" / "drafters" / "corpus").glob("*.json"))
+CORPUS = sorted((TESTS / "data" / "drafters" / "corpus").glob("*.json"))
 
 
 def build_corpus_drafter(entry: dict, root: Path, path: Path) -> Path:
@@ -186,7 +187,7 @@ def build_corpus_drafter(entry: dict, root: Path, path: Path) -> Path:
     recorded forced ids and none of the excluded ones."""
     import struct
 
-    from specdeploy.checks.safetensors_io import write_sparse
+    from specdeploy.checkpoint.safetensors_io import write_sparse
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(entry["config"]))
     specs = {n: (dt, tuple(shape)) for n, (dt, shape) in entry["tensors"].items()}
@@ -266,7 +267,7 @@ def test_corrupt_checkpoints_are_clean_errors(tmp_path, target, kind):
     d = write_drafter(tmp_path / "d")
     f = d / "model.safetensors"
     size = os.path.getsize(f)
-    from specdeploy.checks.safetensors_io import checkpoint_tensors as ct
+    from specdeploy.checkpoint.safetensors_io import checkpoint_tensors as ct
     if kind == "truncated-half":
         os.truncate(f, size // 2)
     elif kind == "truncated-in-d2t":
@@ -324,7 +325,7 @@ def test_2gb_sparse_check_is_fast(tmp_path, target):
 
 
 def _corpus_entry(name: str) -> dict:
-    return json.loads((Path(__file__).parent / "data/drafters/corpus" / f"{name}.json").read_text())
+    return json.loads((TESTS / "data/drafters/corpus" / f"{name}.json").read_text())
 
 
 def test_eos_without_tokenizer_files_is_a_warning_and_does_not_block_convert(tmp_path, repo):
@@ -590,7 +591,7 @@ def _mutations(entry):
 
 
 def _target_dir(entry) -> Path:
-    root = Path(__file__).parent
+    root = TESTS
     return root / "data/drafters" / entry["target"] if entry["target"].startswith("targets/") else root.parent / \
         entry["target"]
 

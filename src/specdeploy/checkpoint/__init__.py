@@ -1,0 +1,1 @@
+"""A checkpoint on disk, read without loading it: the model config and the safetensors headers."""
