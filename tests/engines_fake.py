@@ -1,6 +1,7 @@
 """A third engine, defined only here and registered through the registry API: "toyserve", an imaginary server
 with its own command line, metric names (counters under ``toyserve:``), per-version capabilities, a preflight
-rule, per-hardware defaults and simulator behaviour. tests/unit/engines/test_engine_registry.py deploys it through the same
+rule, per-hardware defaults and simulator behaviour. tests/unit/engines/test_engine_registry.py deploys it through
+the same
 code paths as the real engines; nothing outside this file knows it."""
 from __future__ import annotations
 

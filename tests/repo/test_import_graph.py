@@ -214,3 +214,18 @@ def test_host_scripts_import_only_the_standard_library():
                 tops.add((node.module or "").split(".")[0])
         allowed = set(sys.stdlib_module_names) | {"__future__", "yaml"}
         assert tops <= allowed, f"{f.name} imports {sorted(tops - allowed)}"
+
+
+def test_the_architecture_doc_names_every_module_under_its_layer():
+    doc = (SRC.parent / "docs" / "architecture.md").read_text()
+    rows = {line.split("|")[2].strip().strip("`/"): line for line in doc.splitlines()
+            if line.startswith("| ") and line.count("|") >= 5 and line.split("|")[1].strip().isdigit()}
+    assert set(rows) == set(LAYERS), f"doc layers {sorted(rows)} != {sorted(LAYERS)}"
+    for pkg, rank in LAYERS.items():
+        assert rows[pkg].split("|")[1].strip() == str(rank), f"{pkg}: the doc says layer {rows[pkg].split('|')[1]}"
+    for f in sorted((SRC / PKG).rglob("*.py")):
+        rel = f.relative_to(SRC / PKG)
+        if rel.name == "__init__.py" or len(rel.parts) == 1:
+            continue
+        assert f"`{rel.as_posix()}`" in rows[rel.parts[0]], f"docs/architecture.md: {rel} not named in the " \
+                                                            f"{rel.parts[0]} row"

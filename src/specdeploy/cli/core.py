@@ -11,8 +11,8 @@ import typer
 
 from specdeploy.values.errors import SpecdeployError
 from specdeploy.cli.app import app
-from specdeploy.cli.options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail, known_engine,
-                      output_dir, vault)
+from specdeploy.cli.options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail,
+                                    known_engine, output_dir, vault)
 
 
 

@@ -7,7 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from specdeploy.cli.options import Json, VaultIds, VaultPasswordFiles, error, fail, finite, inventory_optional, output_file, vault
+from specdeploy.cli.options import (Json, VaultIds, VaultPasswordFiles, error, fail, finite, inventory_optional,
+                                    output_file, vault)
 
 nccl_app = typer.Typer(no_args_is_help=True, help="Measure and choose the NCCL environment.")
 

@@ -12,8 +12,8 @@ import typer
 from specdeploy.engines import DEFAULT as DEFAULT_ENGINE
 from specdeploy.values.errors import Finding, SpecdeployError
 from specdeploy.cli.app import app
-from specdeploy.cli.options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail, known_engine,
-                      output_dir, vault)
+from specdeploy.cli.options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail,
+                                    known_engine, output_dir, vault)
 
 
 @app.command("preflight")

@@ -1,9 +1,8 @@
 """Model and drafter weights on a host: verify a checkpoint, copy one verified and resumable, switch atomically.
 
-This module runs in two places: inside specdeploy on the controller (preflight, tests, benchmarks), and as a
-plain script on engine hosts before anything is installed there (``python3 staging.py verify DIR``). It
-therefore uses only the Python standard library and reads nothing but safetensors headers (8-byte length plus
-JSON) unless a sha256 manifest is given.
+It runs inside specdeploy on the controller (preflight, tests, benchmarks) and as a plain script on hosts before
+anything is installed there (``python3 staging.py verify DIR``): the standard library only, and nothing read but
+safetensors headers (8-byte length plus JSON) unless a sha256 manifest is given.
 
 Layout of a staged checkpoint: ``<parent>/.<name>.specdeploy/<id>/`` holds one complete copy per content id;
 ``<parent>/<name>`` is a symlink flipped with rename(2). A copy in progress lives in ``<id>.partial/`` with a
@@ -54,12 +53,9 @@ class Verified:
         return not self.problems
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["ok"] = self.ok
-        return d
+        return {**asdict(self), "ok": self.ok}
 
 
-# ---- verification -------------------------------------------------------------------------------------
 def header_implied_size(path: Path) -> tuple[int, set[str]]:
     """(file size the safetensors header implies, tensor names). Raises ValueError on a bad header."""
     with open(path, "rb") as fh:
@@ -236,7 +232,6 @@ def _verify_manifest(d: Path, mpath: Path, res: Verified, variable: str, stamp: 
         os.replace(tmp, stamp)
 
 
-# ---- content id, atomic switch ----------------------------------------------------------------------------
 def listing(src: Path) -> list[tuple[str, int, int]]:
     """(relative path, size, mtime_ns) of every regular file, sorted; our own bookkeeping files excluded."""
     out = []
@@ -308,7 +303,6 @@ def prune(link: str | Path, keep: tuple = ()) -> list[str]:
     return removed
 
 
-# ---- verified, resumable, parallel copy ---------------------------------------------------------------------
 class Progress:
     """Thread-safe byte counter with rate and ETA, written to an optional JSON file about once a second."""
 
@@ -506,7 +500,6 @@ def precheck(mode: str, path: str, kind: str = "model", shared: str | None = Non
     return out
 
 
-# ---- command line (also used on hosts as a plain script) -----------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="staging.py", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -518,8 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--write-stamp", action="store_true")
     v.add_argument("--json", action="store_true")
     s = sub.add_parser("stage", help="verified, resumable copy beside LINK, then an atomic switch of LINK")
-    s.add_argument("src")
-    s.add_argument("link")
+    for name in ("src", "link"):
+        s.add_argument(name)
     s.add_argument("--jobs", type=int, default=4)
     s.add_argument("--verify", choices=["hash", "headers"], default="hash")
     s.add_argument("--variable", default="specdeploy_model_path")
@@ -529,8 +522,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="read at most this many MB/s from the source, all jobs together (0: no limit)")
     s.add_argument("--json", action="store_true")
     f = sub.add_parser("finish", help="verify STORE/ID.partial (copied by rsync), mark it complete, switch LINK")
-    f.add_argument("link")
-    f.add_argument("id")
+    for name in ("link", "id"):
+        f.add_argument(name)
     f.add_argument("--variable", default="specdeploy_model_path")
     f.add_argument("--manifest")
     c = sub.add_parser("precheck", help="host-side checks before any change: the source and the target path")
@@ -539,8 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--kind", choices=["model", "drafter"], default="model")
     c.add_argument("--shared")
     w = sub.add_parser("switch", help="point LINK at TARGET with one rename")
-    w.add_argument("link")
-    w.add_argument("target")
+    for name in ("link", "target"):
+        w.add_argument(name)
     w.add_argument("--variable", default="specdeploy_model_path")
     i = sub.add_parser("id", help="content id of a directory (names, sizes, mtimes)")
     i.add_argument("dir")

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from specdeploy.values.errors import Finding, SpecdeployError
-from specdeploy.hostvars.inventory_files import check_text, decode, group_loop, loop_in, read_bytes, scan_inventory_file_groups
+from specdeploy.hostvars.inventory_files import (check_text, decode, group_loop, loop_in, read_bytes,
+                                                 scan_inventory_file_groups)
 
 VAULT_FIX = ("give the vault password with --vault-password-file FILE or --vault-id LABEL@FILE (or set "
              "ANSIBLE_VAULT_PASSWORD_FILE, or vault_password_file in ansible.cfg), the one the value was encrypted "

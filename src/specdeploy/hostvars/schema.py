@@ -93,6 +93,13 @@ SerialCount = Annotated[int, Field(ge=1, le=100000)]  # hosts per batch
 SerialPercent = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,5}%?$")]  # "30%" (or a count written as a string)
 
 
+def _since_text(load_format: str) -> str:
+    """'vLLM >= 0.18.0, SGLang >= 0.5.22': the first release of each engine with that load format."""
+    from specdeploy.engines import adapters
+    return ", ".join(f"{a.label} >= {a.load_formats[load_format].since}" for a in adapters()
+                     if load_format in a.load_formats and a.load_formats[load_format].since)
+
+
 class HostVars(BaseModel):
     """Variables of one engine host. Field descriptions are the documentation."""
 
@@ -182,8 +189,8 @@ class HostVars(BaseModel):
     specdeploy_load_format: str | None = Field(
         None, description="Engine weight loader (`--load-format`), checked against the pinned version: e.g. "
         "`safetensors`, `fastsafetensors` (GPU-direct; the image needs the fastsafetensors package), "
-        "`runai_streamer` (concurrent streaming), `instanttensor` (vLLM >= 0.18.0, SGLang >= 0.5.22). Default: "
-        "the engine's `auto`.")
+        "`runai_streamer` (concurrent streaming), `instanttensor` (" + _since_text("instanttensor") + "). "
+        "Default: the engine's `auto`.")
     specdeploy_engine_extra_args: list[str] = Field(
         default_factory=list, description="Extra engine flags, validated against the engine version.")
     specdeploy_engine_env: dict[str, str] = Field(

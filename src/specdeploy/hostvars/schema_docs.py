@@ -143,7 +143,7 @@ def argument_specs(role: str) -> dict:
     own, entry_points = _role_own(role)
     return {"argument_specs": {"main": {
         "short_description": ROLE_DESCRIPTIONS[role],
-        "description": ["Generated from specdeploy.hostvars.schema.HostVars by `specdeploy schema argspec " + role + "`;",
+        "description": ["Generated from specdeploy.hostvars.schema.HostVars by `specdeploy schema write`;",
                         "the role's own options and its other entry points are written here by hand and kept.",
                         "tests/unit/hostvars/test_schema.py fails when the generated part drifts."],
         "options": {n: field_spec(n) for n in names} | own,
@@ -161,8 +161,8 @@ def role_defaults(role: str) -> dict:
 
 
 def role_defaults_yaml(role: str) -> str:
-    return ("---\n# Generated from specdeploy.hostvars.schema.HostVars by `specdeploy schema defaults " + role + "`; "
-            "do not edit.\n" + yaml.safe_dump(role_defaults(role), sort_keys=False, width=110))
+    return ("---\n# Generated from specdeploy.hostvars.schema.HostVars by `specdeploy schema write`; do not edit.\n"
+            + yaml.safe_dump(role_defaults(role), sort_keys=False, width=110))
 
 
 class _IndentedDumper(yaml.SafeDumper):
@@ -178,7 +178,7 @@ def argument_specs_yaml(role: str) -> str:
 
 def variables_markdown() -> str:
     lines = ["# Inventory variables", "",
-             "Generated from `specdeploy.hostvars.schema.HostVars` by `specdeploy schema docs`; do not edit by hand.",
+             "Generated from `specdeploy.hostvars.schema.HostVars` by `specdeploy schema write`; do not edit by hand.",
              "Engine hosts belong to the group `specdeploy_engines`; the Prometheus/Grafana host to "
              "`specdeploy_monitoring`. Any other `specdeploy_*` variable is an error.", "",
              "| variable | type | default | meaning |", "|---|---|---|---|"]

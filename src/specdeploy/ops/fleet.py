@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from specdeploy.ops.progress import journal_lines
 
 
-# ---- hosts ------------------------------------------------------------------------------------------------
 @dataclass
 class Target:
     host: str

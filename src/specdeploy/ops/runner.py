@@ -21,7 +21,6 @@ REPO = Path(__file__).resolve().parents[3]
 PLAYBOOKS = {"deploy": "site.yml", "rollback": "rollback.yml", "verify": "verify.yml"}
 PHASES = ("provision", "image", "stage", "start", "load", "ready", "gate")
 
-# ---- deploy / rollback / verify through ansible-runner ---------------------------------------------------
 REDACTED = "<redacted>"
 # words of a variable name (split at _ - . and case changes) that make its value a secret
 SECRET_WORDS = {"pass", "pw", "pwd", "token", "auth", "key", "privkey", "cert"}

@@ -10,7 +10,6 @@ from specdeploy.speculation import metrics as M
 from specdeploy.ops.fleet import Target
 
 
-# ---- status -----------------------------------------------------------------------------------------------
 # Every exporter and Prometheus is an untrusted peer: each request has its own total deadline and size cap
 # (peerhttp), all of them run at once, and a host that answers garbage is one bad row, never a dead command.
 def scrape_exporter(t: Target, timeout: float = 2.0) -> dict[str, Any]:

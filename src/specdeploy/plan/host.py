@@ -10,8 +10,8 @@ from pathlib import Path
 from specdeploy.nccl import env as nccl_env
 from specdeploy.engines import get_adapter, names
 from specdeploy.values.errors import Finding, SpecdeployError
-from specdeploy.plan.render.paths import (SERVICE_USER, STATE_DIR, converted_drafter_path, engine_files, secret_env_path,
-                           secret_path, unit_name)
+from specdeploy.plan.render.paths import (SERVICE_USER, STATE_DIR, converted_drafter_path, engine_files,
+                                          secret_env_path, secret_path, unit_name)
 from specdeploy.plan.render.prometheus import render_prometheus
 from specdeploy.plan.render.quoting import shell_line
 from specdeploy.plan.render.runtime import engine_image, exec_argv

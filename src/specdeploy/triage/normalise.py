@@ -14,7 +14,8 @@ Two kinds of prefix, stripped in a loop because they nest:
 
 ANSI colours are removed in their three forms: with the ESC byte, without it, and written out as text (``^[[``,
 ``#033[``, ``\\x1b[``, ``\\u001B[``). New formats belong here, as one more pattern in one of these lists; the rewrap
-property test in tests/unit/triage/test_triage_formats.py wraps every corpus log in every form and expects the same answer.
+property test in tests/unit/triage/test_triage_formats.py wraps every corpus log in every form and expects the same
+answer.
 """
 from __future__ import annotations
 

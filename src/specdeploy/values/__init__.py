@@ -1,1 +1,2 @@
-"""Values every layer shares and that import nothing else of ours: findings and errors, hardware profiles, specdeploy's own metric names and PromQL, and the one bounded HTTP request to a peer."""
+"""Values every layer shares and that import nothing else of ours: findings and errors, hardware profiles, specdeploy's
+own metric names and PromQL, and the one bounded HTTP request to a peer."""

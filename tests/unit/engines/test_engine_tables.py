@@ -1,7 +1,6 @@
 """The adapters' span tables: versions ordered as PEP 440 orders them, every capability consulted somewhere, and
 upstream sources taken from a wheel that fits Linux x86_64 / Python 3."""
 import ast
-from pathlib import Path
 
 import pytest
 from contract.spans import claimed_spans, endpoints, in_span

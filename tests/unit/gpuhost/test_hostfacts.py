@@ -237,8 +237,9 @@ def test_translated_iommu_fails_with_p2p_on():
 
 
 def test_blackwell_refuses_the_proprietary_module():
-    rep = report.check_host("b200", hv(), facts(smi=full_b200(), open_modules=False, fabric=fabric.FabricManager("running"),
-                                            packages={"nvlsm": "1"}, fm_version="580.95.05"))
+    rep = report.check_host("b200", hv(), facts(smi=full_b200(), open_modules=False,
+                                                fabric=fabric.FabricManager("running"),
+                                                packages={"nvlsm": "1"}, fm_version="580.95.05"))
     assert errors(rep, "kernel module")
 
 

@@ -109,7 +109,8 @@ def test_role_defaults_pass_their_own_argument_specs(repo):
         spec = argument_specs(role)["argument_specs"]["main"]["options"]
         sample = {"str": "x", "int": 1, "bool": True, "float": 1.0, "dict": {}, "list": [], "raw": "x"}
         required = {n: (o.get("choices") or [sample[o["type"]]])[0] for n, o in spec.items() if o.get("required")}
-        # the role's own options (not schema fields) are checked against its defaults by tests/unit/ansible/test_argspecs.py
+        # the role's own options (not schema fields) are checked against its defaults by
+        # tests/unit/ansible/test_argspecs.py
         spec = {n: o for n, o in spec.items() if n in FIELDS}
         values = {n: None for n in spec if not spec[n].get("required")} | role_defaults(role) | required
         errors = [str(e) for e in ArgumentSpecValidator(spec).validate(values).errors]

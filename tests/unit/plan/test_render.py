@@ -54,7 +54,8 @@ def test_systemd_exec_line_round_trips_argv(repo):
     line = " ".join(systemd_quote(a) for a in argv)
     unescaped = [a.replace("%%", "%").replace("$$", "$") for a in shlex.split(line)]
     assert unescaped == argv
-    # read as systemd reads it (specifiers, then words with C escapes, then variables); tests/unit/plan/test_injection.py
+    # read as systemd reads it (specifiers, then words with C escapes, then variables);
+    # tests/unit/plan/test_injection.py
     # draws such values for every variable that reaches a unit
     argv += [";", "a;b", "'single'", "back\\slash\\n", "$(id)", "`id`", "%n%i", "${X}", "", " lead", "é 中"]
     assert exec_argv(" ".join(systemd_quote(a) for a in argv)) == argv

@@ -12,8 +12,8 @@ import pytest
 
 from helpers import REPO
 from specdeploy.values.errors import SpecdeployError
-from specdeploy.speculation.verifycost import (distinct_experts, distinct_uniform, gate_margin, load_target, load_trace, peaks,
-                                   predict, shape_from_config)
+from specdeploy.speculation.verifycost import (distinct_experts, distinct_uniform, gate_margin, load_target, load_trace,
+                                               peaks, predict, shape_from_config)
 
 KIMI = REPO / "examples/models/kimi-k2.5-int4"
 LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,

@@ -5,7 +5,6 @@ specdeploy/triage/normalise.py, never as a one-off pattern for one log."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml

@@ -8,8 +8,8 @@ from pathlib import Path
 import jinja2
 
 from specdeploy.plan.render.paths import SERVICE_USER
-from specdeploy.plan.render.quoting import (docker_env_file_line, environment_file_line, exec_arg, exec_line, parse_env_file,  # noqa: F401
-                      unit_value, yaml_scalar)
+from specdeploy.plan.render.quoting import (docker_env_file_line, environment_file_line, exec_arg,  # noqa: F401
+                                            exec_line, parse_env_file, unit_value, yaml_scalar)
 
 
 def templates_dir() -> Path:
