@@ -269,14 +269,6 @@ def specdeploy_inputs_digest(hostvars, hosts, playbook_dir, inventory_sources=()
                          [str(s) for s in inventory_sources], extra, files, weights)
 
 
-def _host_paths_in(text: str) -> str:
-    """A role default with the host-path filter in it, as plain text ("{{ 'state' | specdeploy_path }}/x")."""
-    import re
-
-    from specdeploy.values.hostpaths import host_path
-    return re.sub(r"\{\{\s*'(\w+)'\s*\|\s*specdeploy_path\s*\}\}", lambda m: host_path(m.group(1)), text)
-
-
 def specdeploy_converged_args(variables, host, group_names, playbook_dir):
     """Arguments of the host-side converged check and record (managed roots, weight links, health URLs)."""
     from pathlib import Path
@@ -291,7 +283,8 @@ def specdeploy_converged_args(variables, host, group_names, playbook_dir):
         links = [p for p in (hv.specdeploy_model_path, hv.specdeploy_drafter_path) if p]
         engine = {"venv": hv.specdeploy_venv_path, "links": links, "exporter_port": hv.specdeploy_exporter_port,
                   "router_port": hv.specdeploy_router_port}
-    defaults = role_defaults(str(Path(playbook_dir) / "roles"), resolve=_host_paths_in)
+    from specdeploy.values.hostpaths import expand
+    defaults = role_defaults(str(Path(playbook_dir) / "roles"), resolve=expand)
     own = {k: _plain(variables[k]) for k in ("router_venv", "monitoring_prometheus_url", "inference_engine_state",
                                              "monitoring_prometheus_dir", "monitoring_grafana_provisioning_dir",
                                              "monitoring_grafana_dashboards_dir") if k in variables}

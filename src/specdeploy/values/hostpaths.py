@@ -31,3 +31,10 @@ def host_path(name: str) -> str:
         return HOST_PATHS[name]
     except KeyError:
         raise KeyError(f"no host path {name!r}; known: {', '.join(HOST_PATHS)}") from None
+
+
+def expand(text: str) -> str:
+    """A role default that uses the path filter, as plain text: "{{ 'state' | specdeploy_path }}/x" ->
+    "/var/lib/specdeploy/x" (other template expressions are left as they are)."""
+    import re
+    return re.sub(r"\{\{\s*'(\w+)'\s*\|\s*specdeploy_path\s*\}\}", lambda m: host_path(m.group(1)), text)

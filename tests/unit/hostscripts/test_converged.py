@@ -140,7 +140,9 @@ def test_inputs_digest_covers_code_inventory_extra_vars_files_and_weights(tmp_pa
 
 
 def test_check_args_follow_role_defaults_and_inventory_overrides():
-    defaults = converged.role_defaults(str(REPO / "ansible" / "roles"))
+    from specdeploy.values.hostpaths import STATE_DIR, expand
+    defaults = converged.role_defaults(str(REPO / "ansible" / "roles"), resolve=expand)
+    assert defaults["inference_engine_state"] == STATE_DIR  # the roles' path filter, expanded as the filter does
     for names in converged.ROOT_DEFAULTS.values():
         assert all(n in defaults for n in names), names  # a renamed role default fails here
     eng = {"venv": "/opt/specdeploy/venv", "links": ["/models/m"], "exporter_port": 9450, "router_port": 30080}
