@@ -356,6 +356,12 @@ class VLLM(EngineAdapter):
         rep.add("error", "SupportsEagle3", f"vLLM {self.version}'s DeepseekV2/V3 (and KimiK25) models do not "
                 "implement SupportsEagle3 ('Model does not support EAGLE3 interface' after the load)", fix, host)
 
+    # VLLM_CPU_KVCACHE_SPACE: the CPU builds refuse to configure without it; a GPU build ignores it
+    probe_env = {"VLLM_NO_USAGE_STATS": "1", "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+    def probe_script(self) -> str:
+        return (Path(__file__).with_name("vllm_probe.py")).read_text()
+
     def drafter_taps(self, top, nested, default, deepseek_target):
         # vLLM reads the top-level key (its own numbering) first.
         if top is not None:

@@ -136,7 +136,7 @@ class Engine:
     def load(self, vc, dmc, model, specs):
         from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
         from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-        reached: dict[str, str] = {}  # parameter -> checkpoint tensor
+        got: dict[str, list] = {}  # parameter -> [(checkpoint tensor, shard id, shape)]
         by_id: dict[int, str] = {}
         params = dict(model.named_parameters())
         for pname, p in params.items():
@@ -144,7 +144,8 @@ class Engine:
 
             def rec(*a, _orig=orig, _p=pname, **kw):
                 if len(a) > 1:
-                    reached.setdefault(_p, by_id.get(id(a[1]), "?"))
+                    shard = a[2] if len(a) > 2 else kw.get("loaded_shard_id", kw.get("shard_id"))
+                    got.setdefault(_p, []).append((by_id.get(id(a[1]), "?"), shard, list(a[1].shape)))
                 return _orig(*a, **kw)
             p.weight_loader = functools.wraps(orig)(rec)
         tensors = [self.fake(s) for s in specs]
@@ -155,12 +156,12 @@ class Engine:
         loader.get_all_weights = lambda *_a, **_k: iter(list(tensors))
         loader.counter_before_loading_weights = time.perf_counter()
         whole = None
+        rejected = []
         with self.C.set_current_vllm_config(vc):
             try:
                 loader.load_weights(model, dmc)
             except Exception as exc:  # the engine's verdict on the whole checkpoint
                 whole = _short(exc)
-            rejected = []
             if whole is not None:
                 for n, t in tensors:  # which tensors it rejects, one at a time
                     try:
@@ -173,10 +174,40 @@ class Engine:
             shared.append("lm_head")
         if getattr(model, "has_own_embed_tokens", True) is False:
             shared.append("embed_tokens")
-        missing = sorted(p for p in params if p not in reached
-                         and not any(p.startswith(s) or f".{s}." in p for s in shared))
-        return {"load_error": whole, "rejected": rejected, "missing": missing, "shared_from_target": shared,
-                "parameters": {p: list(v.shape) for p, v in params.items()}, "reached": reached}
+        missing, narrowed = [], []
+        for pname, p in params.items():
+            if any(pname.startswith(s) or f".{s}." in pname for s in shared):
+                continue
+            calls = got.get(pname)
+            if not calls:
+                missing.append(pname)
+                continue
+            module = model.get_submodule(pname.rsplit(".", 1)[0]) if "." in pname else model
+            if hasattr(module, "org_vocab_size"):
+                continue  # the vocabulary layers' own loader checks the rows (the parameter is padded)
+            want = _shard_rows(module)
+            if want:
+                for k in want:
+                    if not any(str(c[1]) == str(k) for c in calls):
+                        missing.append(f"{pname} (shard {k})")
+                for name, shard, shp in calls:
+                    rows = want.get(shard if shard in want else str(shard))
+                    if rows is not None and (shp[0] != rows or shp[1:] != list(p.shape)[1:]):
+                        narrowed.append({"name": name, "shape": shp, "parameter": pname, "shard": str(shard),
+                                         "want": [rows] + list(p.shape)[1:]})
+            else:
+                for name, shard, shp in calls:
+                    if shp != list(p.shape) and shard is None:
+                        narrowed.append({"name": name, "shape": shp, "parameter": pname, "want": list(p.shape)})
+        reached = {c[0] for calls in got.values() for c in calls}
+        refused = {r["name"] for r in rejected}
+        dropped = [n for n, _t in tensors if n not in reached and n not in refused
+                   and not (n == "t2d" or n.endswith(".t2d"))]
+        return {"load_error": whole, "rejected": rejected, "missing": missing, "narrowed": narrowed,
+                "dropped": dropped, "shared_from_target": shared,
+                "parameters": {p: list(v.shape) for p, v in params.items()},
+                "draft_vocab": getattr(dmc.hf_config, "draft_vocab_size", None),
+                "draft_hidden": getattr(dmc.hf_config, "hidden_size", None)}
 
     # --- one case -------------------------------------------------------------------------------------------
     def run(self, case: dict) -> dict:
@@ -193,6 +224,8 @@ class Engine:
             return out
         out["target_model_type"] = mc.hf_text_config.model_type
         out["target_layers"] = mc.hf_text_config.num_hidden_layers
+        out["target_vocab"] = mc.get_vocab_size()
+        out["target_hidden"] = mc.get_hidden_size()
         cls = None
         try:
             cls, arch, ok = self.target_class(mc)
@@ -240,6 +273,18 @@ class Engine:
             problem("drafter_load", exc)
         out["seconds"] = round(time.perf_counter() - t0, 2)
         return out
+
+
+def _shard_rows(module) -> dict:
+    """The rows each shard of a stacked parameter takes (tensor-parallel size 1); empty for other parameters."""
+    if hasattr(module, "num_kv_heads") and hasattr(module, "head_size") and hasattr(module, "num_heads"):
+        v = getattr(module, "v_head_size", module.head_size)
+        return {"q": module.num_heads * module.head_size, "k": module.num_kv_heads * module.head_size,
+                "v": module.num_kv_heads * v}
+    sizes = getattr(module, "output_sizes", None)
+    if isinstance(sizes, (list, tuple)) and len(sizes) > 1:
+        return {i: int(x) for i, x in enumerate(sizes)}
+    return {}
 
 
 def _kind(exc: BaseException) -> str:
