@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -96,6 +97,12 @@ def run_cases(engine: str, version: str, cases: list[dict], python: str, timeout
                     seconds=res.get("seconds"))
 
 
+def _engine_msg(err: str) -> str:
+    """The engine's own sentence out of a pydantic ValidationError (its 'Value error, ...' line)."""
+    m = re.search(r"Value error, (.*?)(?: \[type=|$)", err, re.S)
+    return m.group(1).strip() if m else err
+
+
 def _release(v: str | None) -> str:
     return (v or "").split("+")[0]
 
@@ -113,7 +120,7 @@ def case_findings(c: dict, engine: str, version: str) -> list[Finding]:
         add("error", "engine version", f"the probe ran {label} {got}, not the pinned {version}",
             f"run the probe with the Python of the {label} {version} image or venv")
     for p in c.get("problems", []):
-        stage, err = p.get("stage"), p.get("error", "")
+        stage, err = p.get("stage"), _engine_msg(p.get("error", ""))
         if stage == "target_config":
             add("error", "target config", f"{label} {got} refuses the target's config: {err}",
                 "fix the target's config.json (or its trust_remote_code need) as the engine says")

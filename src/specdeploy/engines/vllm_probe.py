@@ -233,24 +233,29 @@ class Engine:
             out["supports_eagle3"] = ok
         except Exception as exc:
             problem("target_class", exc)
+        saved = mc.hf_text_config.model_type
+        try:
+            return self._drafter(case, mc, cls, out, problem)
+        finally:
+            mc.hf_text_config.model_type = saved
+            out["seconds"] = round(time.perf_counter() - t0, 2)
+
+    def _drafter(self, case, mc, cls, out, problem) -> dict:
         sc = None
         try:
             sc = self.spec_config(mc, case)
         except Exception as exc:
             problem("speculative_config", exc)
-            # past the target check, as an engine without it (the patch set) runs: the drafter is still judged
+            # past the target list, as an engine without it (the patch set) runs: the drafter is still judged (the
+            # stand-in model type stays while the drafter is built: the configs are validated again there)
             if "only supported for" in str(exc):
-                saved = mc.hf_text_config.model_type
                 try:
                     mc.hf_text_config.model_type = "llama"
                     sc = self.spec_config(mc, case)
                     out["target_check_bypassed"] = True
                 except Exception:
                     sc = None
-                finally:
-                    mc.hf_text_config.model_type = saved
         if sc is None:
-            out["seconds"] = round(time.perf_counter() - t0, 2)
             return out
         dmc = sc.draft_model_config
         out["drafter_class"] = getattr(dmc, "_architecture", None) or (dmc.architectures or [None])[0]
@@ -265,13 +270,11 @@ class Engine:
             vc, dmc, model = self.build_drafter(mc, sc)
         except Exception as exc:
             problem("drafter_build", exc)
-            out["seconds"] = round(time.perf_counter() - t0, 2)
             return out
         try:
             out["load"] = self.load(vc, dmc, model, headers(case["drafter"]))
         except Exception as exc:
             problem("drafter_load", exc)
-        out["seconds"] = round(time.perf_counter() - t0, 2)
         return out
 
 

@@ -38,11 +38,16 @@ TARGETS = {
     "qwen3": {**LLAMA, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
     "mixtral": {**LLAMA, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 4,
                 "num_experts_per_tok": 2},
+    # as the real repository ships it: model_type kimi_k2 with its own configuration class (auto_map)
     "kimi_k2": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "hidden_size": 7168,
-                "num_hidden_layers": 61, "vocab_size": 163840, "num_attention_heads": 64, "eos_token_id": 163585},
+                "num_hidden_layers": 61, "vocab_size": 163840, "num_attention_heads": 64, "eos_token_id": 163585,
+                "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}},
     "deepseek_v3": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
                     "num_hidden_layers": 61, "vocab_size": 129280, "num_attention_heads": 128, "eos_token_id": 1},
 }
+# the configuration class a target ships (trust_remote_code): Kimi-K2's is DeepSeek-V3's under its own model_type
+REMOTE_CODE = {"kimi_k2": ("configuration_deepseek.py", "from transformers import DeepseekV3Config as _Base\n\n\n"
+                           "class DeepseekV3Config(_Base):\n    model_type = \"kimi_k2\"\n")}
 # tokenizer files beside a target's config.json: what the chat template ends a turn with
 TOKENIZERS = {
     "eot-in-template": {"added_tokens_decoder": {"2": {"content": "</s>"}, "7": {"content": "<|eot_id|>"}},
@@ -112,6 +117,9 @@ def write_target(root: Path, key: str) -> Path:
         return d
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(TARGETS[base], indent=1))
+    if base in REMOTE_CODE:
+        name, text = REMOTE_CODE[base]
+        (d / name).write_text(text)
     if tok and TOKENIZERS.get(tok):
         (d / "tokenizer_config.json").write_text(json.dumps(TOKENIZERS[tok]))
     if base == "llama":
@@ -402,7 +410,8 @@ def compare(root: Path, version: str, python: str, vs: list[Variant] | None = No
     from ..modelcfg import TargetModel
     vs = variants() if vs is None else vs
     dirs = {v.name: write_variant(root, v) for v in vs}
-    cases = [{"id": v.name, "target": str(t), "drafter": str(d)} for v, (t, d) in zip(vs, dirs.values())]
+    cases = [{"id": v.name, "target": str(t), "drafter": str(d),
+              "trust_remote_code": v.target.partition("+")[0] in REMOTE_CODE} for v, (t, d) in zip(vs, dirs.values())]
     t0 = time.perf_counter()
     run = run_cases("vllm", version, cases, python, timeout=timeout)
     seconds = time.perf_counter() - t0
