@@ -332,7 +332,9 @@ def variants() -> list[Variant]:
               "fc-norm-tensors-only", "norm-output-top", "drop-fc.weight", "drop-lm_head.weight", "drop-d2t",
               "midlayer", "extra-unknown", "fc-4x", "q-proj-1x", "arch-llama", "arch-qwen3", "arch-unknown",
               "aux-nested-only", "aux-none", "layers-2", "full-vocab-no-lm-head", "tied", "attention-bias")
-    for target in ("qwen3", "mixtral", "kimi_k2", "deepseek_v3"):
+    for name, e in EDITS.items():  # a second EAGLE-3 target class, every edit
+        out.append(Variant(f"{name}@qwen3", "qwen3", wrap(e)))
+    for target in ("mixtral", "kimi_k2", "deepseek_v3"):
         for name in others:
             out.append(Variant(f"{name}@{target}", target, wrap(EDITS[name])))
     return out
