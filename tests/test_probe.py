@@ -161,3 +161,28 @@ def test_the_doctor_agrees_with_the_engine(tmp_path, version):
            for o in res if not o.agree]
     assert not bad, f"{len(bad)} of {len(res)} disagree:\n" + "\n".join(bad)
     assert seconds < 600
+
+
+# --- preflight --probe --------------------------------------------------------------------------------------
+def _pf(repo, tmp_path, name, version, python):
+    from specdeploy.preflight import preflight
+    t, d = _pair(tmp_path, name)
+    extra = {"specdeploy_model_config_copy": str(t), "specdeploy_drafter_config_copy": str(d),
+             "specdeploy_engine_version": version, "specdeploy_trust_remote_code": "kimi" in name}
+    return preflight(str(repo / "inventory" / "example"), extra=extra, probe_python=python)
+
+
+def test_preflight_probe_that_cannot_run_warns_and_blocks_nothing(repo, tmp_path):
+    reports = _pf(repo, tmp_path, "good@llama", "0.32.0", str(tmp_path / "no-python"))
+    for r in reports.values():
+        warn = [f for f in r.findings if f.subject == "probe" and f.severity == "warning"]
+        assert warn and "cannot run" in warn[0].message
+        assert not any(f.subject.startswith("probe") and f.severity == "error" for f in r.findings)
+
+
+@realengine
+def test_preflight_probe_reports_what_the_engine_rejects(repo, tmp_path):
+    reports = _pf(repo, tmp_path, "input-norm-only@llama", "0.16.0", str(Path(_venv("0.16.0")) / "bin" / "python"))
+    r = next(iter(reports.values()))
+    subjects = {f.subject for f in r.findings if f.severity == "error"}
+    assert "probe tensor names" in subjects and "drafter tensor names" in subjects  # both, the engine's and ours

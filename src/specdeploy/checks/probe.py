@@ -269,3 +269,19 @@ def probe(target: Path, drafter: Path, engine: str, version: str | None = None, 
             "for this pair after the import")
     rep.extend(case_findings(c, engine, version))
     return rep, run
+
+
+def preflight_findings(hv, tdir: Path | None, ddir: Path | None, rep: Report, host: str,
+                       python: str | None = None, timeout: float = TIMEOUT_S) -> None:
+    """``preflight --probe``: the engine's own verdict on the host's target + drafter, beside the doctor's (a
+    probe that cannot run is a warning and blocks nothing; the engine's errors are errors)."""
+    if not (hv.specdeploy_spec_enabled and hv.specdeploy_spec_method == "eagle3"):
+        return
+    if tdir is None or ddir is None:
+        rep.add("warning", "probe", "no controller-side copy of the target's or the drafter's files: not probed",
+                "set specdeploy_model_config_copy and specdeploy_drafter_config_copy", host)
+        return
+    prep, run = probe(tdir, ddir, hv.specdeploy_engine, hv.specdeploy_engine_version, python, None, timeout,
+                      trust_remote_code=bool(hv.specdeploy_trust_remote_code))
+    for f in prep.findings:
+        rep.add(f.severity, f.subject if f.subject == "probe" else f"probe {f.subject}", f.message, f.fix, host)

@@ -23,6 +23,8 @@ def probe_cmd(target: Path = typer.Option(..., "--target", help="the target's di
               python: Optional[str] = typer.Option(None, "--python", help="the engine's Python (default: python3)"),
               venv: Optional[Path] = typer.Option(None, "--venv", help="the engine's venv (its bin/python)"),
               timeout: float = typer.Option(300.0, "--timeout", help="seconds before the probe is killed"),
+              trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="let the engine read a "
+                                                     "configuration class the target ships (auto_map)"),
               as_json: bool = Json):
     """Run the engine's own config validation, target-class check and drafter weight loading (no GPU, no
     target weights). Exit 1 when the engine rejects the pair, 2 when the probe cannot run."""
@@ -30,7 +32,8 @@ def probe_cmd(target: Path = typer.Option(..., "--target", help="the target's di
     from .options import finite
     known_engine(engine)
     finite(timeout, "--timeout", 1.0)
-    rep, run = probe(target, drafter, engine, version, python, str(venv) if venv else None, timeout)
+    rep, run = probe(target, drafter, engine, version, python, str(venv) if venv else None, timeout,
+                     trust_remote_code=trust_remote_code)
     code = 0 if rep.ok and run.ran else 1 if not rep.ok and run.ran else 2
     if as_json:
         print(json.dumps({**rep.to_dict(), "ran": run.ran, "engine_version": run.version,
