@@ -219,7 +219,8 @@ def _load_findings(load: dict, c: dict, label: str, got: str) -> list[Finding]:
     if "lm_head" in shared and ((dv is not None and tv is not None and dv != tv) or (dh and th and dh != th)):
         out.append(Finding("error", "lm_head.weight", f"not in the checkpoint, so {label} {got} gives the drafter the "
                            f"target's lm_head ({tv} x {th}), which does not fit the drafter (draft vocabulary {dv}, "
-                           f"hidden {dh}): its logits do not match its d2t map", "include the drafter's lm_head.weight"))
+                           f"hidden {dh}): its logits do not match its d2t map",
+                           "include the drafter's lm_head.weight"))
     if "embed_tokens" in shared and dh and th and dh != th:
         out.append(Finding("error", "embed_tokens", f"not in the checkpoint, so {label} {got} gives the drafter the "
                            f"target's embeddings (hidden {th}), not the drafter's hidden {dh}",

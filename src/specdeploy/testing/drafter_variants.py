@@ -222,6 +222,10 @@ def _h(c):
     return c["hidden_size"]
 
 
+def _heads_x_dim(c):
+    return (c["num_attention_heads"] * c["head_dim"],)
+
+
 def _th(c):
     return c.get("target_hidden_size", c["hidden_size"])
 
@@ -281,8 +285,10 @@ EDITS: dict[str, Edit] = {
     "aux-top-only": _ec(eagle_aux_hidden_state_layer_ids=None),
     "aux-nested-only": _set(eagle_aux_hidden_state_layer_ids=None),
     "aux-none": _both(_set(eagle_aux_hidden_state_layer_ids=None), _ec(eagle_aux_hidden_state_layer_ids=None)),
-    "aux-top-custom": _both(_set(eagle_aux_hidden_state_layer_ids=[1, 3, 5]), _ec(eagle_aux_hidden_state_layer_ids=None)),
-    "aux-nested-custom": _both(_set(eagle_aux_hidden_state_layer_ids=None), _ec(eagle_aux_hidden_state_layer_ids=[0, 2, 4])),
+    "aux-top-custom": _both(_set(eagle_aux_hidden_state_layer_ids=[1, 3, 5]),
+                            _ec(eagle_aux_hidden_state_layer_ids=None)),
+    "aux-nested-custom": _both(_set(eagle_aux_hidden_state_layer_ids=None),
+                               _ec(eagle_aux_hidden_state_layer_ids=[0, 2, 4])),
     # layer counts
     "layers-2-config": _set(num_hidden_layers=2),
     "layers-2": _both(_set(num_hidden_layers=2), _second_layer),
@@ -293,17 +299,13 @@ EDITS: dict[str, Edit] = {
     "full-vocab-no-lm-head": _both(_set(draft_vocab_size=None), _drop("d2t", "t2d", "lm_head.weight")),
     "full-vocab-declared-no-lm-head": _both(_set(draft_vocab_size="=vocab"), _drop("d2t", "t2d", "lm_head.weight")),
     "tied": _set(tie_word_embeddings=True),
-    "tied-no-lm-head": _both(_set(tie_word_embeddings=True, draft_vocab_size=None), _drop("d2t", "t2d", "lm_head.weight")),
+    "tied-no-lm-head": _both(_set(tie_word_embeddings=True, draft_vocab_size=None),
+                             _drop("d2t", "t2d", "lm_head.weight")),
     "eot-lost": _both(),  # d2t without the end-of-turn ids 2 and 7
-    # attention bias
-    "attention-bias": _both(_set(attention_bias=True), *[_add(f"layers.0.self_attn.{x}_proj.bias",
-                                                              (lambda x: lambda c: (c["num_attention_heads"] * c["head_dim"]
-                                                                                    if x == "q" else c["num_key_value_heads"]
-                                                                                    * c["head_dim"],))(x))
+    # attention bias (all heads here have as many kv heads as heads)
+    "attention-bias": _both(_set(attention_bias=True), *[_add(f"layers.0.self_attn.{x}_proj.bias", _heads_x_dim)
                                                          for x in "qkv"]),
-    "bias-tensors-only": _both(*[_add(f"layers.0.self_attn.{x}_proj.bias",
-                                      (lambda x: lambda c: (c["num_key_value_heads"] * c["head_dim"],))(x))
-                                 for x in "qkv"]),
+    "bias-tensors-only": _both(*[_add(f"layers.0.self_attn.{x}_proj.bias", _heads_x_dim) for x in "qkv"]),
     "norm-before-residual": _set(norm_before_residual=True),
 }
 
