@@ -109,7 +109,7 @@ def model_findings(hv: HostVars, target: TargetModel, rep: Report, host: str):
                 "`specdeploy preflight --hosts` and the gpu_host role check it too", host)
 
 
-def preflight_host(host: str, variables: dict, inv_dir: Path | None) -> Report:
+def preflight_host(host: str, variables: dict, inv_dir: Path | None, probe_python: str | None = None) -> Report:
     rep = Report()
     try:
         hv = validate_host(host, variables)
@@ -168,11 +168,16 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None) -> Report:
             except SpecdeployError as exc:
                 rep.extend(exc.problems)
     engine_findings(hv, target, drafter_fmt, rep, host)
+    if probe_python is not None:  # the engine's own verdict (checks/probe.py), with that Python
+        from specdeploy.checks.checks.probe import preflight_findings
+        ddir = _local(hv.specdeploy_drafter_config_copy, hv.specdeploy_drafter_controller_path,
+                      hv.specdeploy_drafter_path or "", inv_dir) if hv.specdeploy_drafter_path else None
+        preflight_findings(hv, tdir, ddir, rep, host, probe_python)
     return rep
 
 
 def preflight(inventory: str, limit: str | None = None, extra: dict | None = None,
-              vault=None) -> dict[str, Report]:
+              vault=None, probe_python: str | None = None) -> dict[str, Report]:
     """One report per engine host. Inventory-level errors come back per host, not as an exception (vault: the
     vault secrets given on the command line)."""
     from specdeploy.hostvars.inventory import _check_path, engine_host_names, host_variables
@@ -192,5 +197,5 @@ def preflight(inventory: str, limit: str | None = None, extra: dict | None = Non
             rep.extend(variables.problems)
             out[name] = rep
         else:
-            out[name] = preflight_host(name, variables, path)
+            out[name] = preflight_host(name, variables, path, probe_python)
     return out

@@ -16,7 +16,7 @@ from specdeploy.cli.app import app
 from specdeploy.cli.options import print_findings
 
 # Each module adds its commands to ``app`` when imported; this order is the order of ``specdeploy --help``.
-from specdeploy.cli import ops, frontdoor, core, host, drafter, nccl, patch, sandbox  # noqa: E402, F401, I001
+from specdeploy.cli import ops, frontdoor, core, host, drafter, probe, nccl, patch, sandbox  # noqa: E402, F401, I001
 
 app.add_typer(core.engine_app, name="engine")
 app.add_typer(core.schema_app, name="schema")

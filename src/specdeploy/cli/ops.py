@@ -22,7 +22,12 @@ def preflight_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
                   hosts: bool = typer.Option(False, "--hosts", help="Read the hosts over SSH (read-only): "
                                              "driver, GPUs, fabric manager, ACS, IOMMU, Docker."),
                   vault_id: Optional[List[str]] = VaultIds,
-                  vault_password_file: Optional[List[str]] = VaultPasswordFiles):
+                  vault_password_file: Optional[List[str]] = VaultPasswordFiles,
+                  probe: bool = typer.Option(False, "--probe", help="Also run the pinned engine's own config "
+                                             "validation and drafter loading (specdeploy probe) on the target and "
+                                             "drafter copies."),
+                  probe_python: Optional[str] = typer.Option(None, "--probe-python", help="The engine's Python for "
+                                                             "--probe (default: python3).")):
     """Check everything knowable before the model load; change nothing. Exit 1 on any error."""
     from specdeploy.hostvars.inventory import parse_extra_vars
     from specdeploy.checks.preflight import preflight
@@ -34,7 +39,8 @@ def preflight_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
             from specdeploy.gpuhost.remote import preflight_hosts
             reports = preflight_hosts(inventory, limit, extra, vault=secrets)
         else:
-            reports = preflight(inventory, limit, extra, secrets)
+            reports = preflight(inventory, limit, extra, secrets,
+                                probe_python=(probe_python or "python3") if probe else None)
     except SpecdeployError as exc:
         fail(exc)
     ok = all(r.ok for r in reports.values())

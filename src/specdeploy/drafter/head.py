@@ -120,6 +120,18 @@ def canonical(name: str, a: EngineAdapter) -> str:
     return name
 
 
+def drafter_class(d: Drafter, a: EngineAdapter) -> str | None:
+    """The registry entry the release builds the drafter as (vLLM prefixes Eagle3 for method eagle3)."""
+    if d.fmt == "speculators":
+        mt = d.layer.get("model_type", "llama")
+        return a.DRAFTER.get("speculators_classes", {}).get(mt)
+    archs = [x for x in (d.config.get("architectures") or []) if isinstance(x, str)]
+    if a.DRAFTER.get("eagle3_prefix"):
+        archs = [x if x.startswith("Eagle3") or x.endswith("Eagle3") else "Eagle3" + x for x in archs]
+    known = a.DRAFTER.get("archs", {})
+    return next((x for x in archs if x in known and known[x].contains(a.version)), None)
+
+
 def build(d: Drafter, t: TargetModel, a: EngineAdapter) -> Head | None:
     """The parameters the release's Llama EAGLE-3 head creates for this config; None for formats it is not
     recorded for (MLA heads, a speculators config the release does not read)."""
@@ -152,7 +164,10 @@ def build(d: Drafter, t: TargetModel, a: EngineAdapter) -> Head | None:
         for norm in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
             r[p + norm + ".weight"] = (h,)
         if bias:
-            head.optional |= {p + f"self_attn.{x}_proj.bias" for x in "qkvo"}
+            head.required.update({p + f"self_attn.{x}_proj.bias": (r[p + f"self_attn.{x}_proj.weight"][0],)
+                                  for x in a.DRAFTER.get("attention_bias_projections", "qkvo")})
+        for suffix in f.get("layer_extras", {}).get(drafter_class(d, a), ()):  # e.g. Qwen3 layers' q_norm/k_norm
+            r[p + suffix] = (hd,)
     head.required["norm.weight"] = (h,)
     head.optional |= {"embed_tokens.weight", "lm_head.weight", "d2t", "t2d"}
     fc_built = aux_on is not False or f.get("fc_always_built")
@@ -210,6 +225,14 @@ def check_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report) -> Hea
     names = {canonical(n, a): n for n in d.tensors}
     unknown = sorted(c for c in names if c not in head.required and c not in head.optional
                      and not any(s in c for s in head.skipped) and not c.endswith(HARMLESS))
+    if _span(a, "unknown_bias_dropped"):  # the weights loader skips biases it has no parameter for
+        biases = [c for c in unknown if c.endswith(".bias")]
+        unknown = [c for c in unknown if not c.endswith(".bias")]
+        if biases:
+            rep.add("warning", "dropped tensors", f"{len(biases)} bias tensor(s) have no parameter in {a.label} "
+                    f"{a.version}'s EAGLE-3 head and its loader skips them without a word: "
+                    + ", ".join(names[c] for c in biases[:4]), "set attention_bias: true if the drafter was "
+                    "trained with them")
     if unknown:
         shown = ", ".join(names[c] for c in unknown[:4]) + (f" (+{len(unknown) - 4} more)" if len(unknown) > 4 else "")
         if head.unknown == "raises":
@@ -224,7 +247,9 @@ def check_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report) -> Hea
             rep.add("warning", "tensor names", f"{len(unknown)} checkpoint tensor(s) are not among the parameters "
                     f"recorded for {a.label}'s EAGLE-3 head ({shown}); what {a.version} does with them was not read",
                     "check the drafter on the engine itself")
-    layer_checked = ("self_attn.", "mlp.")  # rules._check_shapes reports the decoder projections
+    # rules._check_shapes reports the decoder projections' weights
+    layer_checked = tuple(f"self_attn.{x}_proj.weight" for x in "qkvo") + tuple(f"mlp.{x}_proj.weight"
+                                                                                for x in ("gate", "up", "down"))
     missing = [n for n in head.required if n not in names and not n.split(".", 2)[-1].startswith(layer_checked)
                and not (n.startswith("midlayer.") and n[len("midlayer."):].startswith(layer_checked))]
     if missing:

@@ -53,6 +53,7 @@ class Drafter:
     layer: dict  # the decoder-layer config
     tensors: dict[str, TensorInfo]
     bin_files: list[str]
+    raw_tensors: dict[str, TensorInfo] | None = None  # the names as the checkpoint spells them
 
     @classmethod
     def load(cls, path: Path) -> Drafter:
@@ -71,7 +72,9 @@ class Drafter:
             fmt, layer = "speculators", dict(tlc) if isinstance(tlc, dict) else {}
         elif any("Deepseek" in a and "Eagle3" in a for a in archs):
             fmt, layer = "mla", cfg
-        elif any("eagle3" in a.lower() for a in archs) or "LlamaForCausalLM" in archs:
+        elif archs:
+            # the engine resolves any architecture (vLLM: X -> Eagle3X) and its registry decides; the Llama-style
+            # head is the flat config's shape (rules._check_format names an architecture no release registers)
             fmt, layer = "llama", cfg
         else:
             fmt, layer = "unknown", cfg
@@ -80,9 +83,11 @@ class Drafter:
         except SafetensorsError as exc:
             raise SpecdeployError([Finding("error", "safetensors", str(exc),
                                            "re-download or re-export the drafter checkpoint")]) from None
-        # vLLM and SGLang both strip a leading "model." when loading
+        # names without a leading "model." (the checks that need the checkpoint's own spelling read raw_tensors:
+        # vLLM's EAGLE-3 loader prepends "model." itself and keeps one the checkpoint has)
+        raw = dict(ts)
         ts = {n.removeprefix("model."): t for n, t in ts.items()}
-        return cls(path, cfg, fmt, layer, ts, bin_only(path))
+        return cls(path, cfg, fmt, layer, ts, bin_only(path), raw)
 
     def _int(self, key: str, *sources) -> int:
         for src in sources:

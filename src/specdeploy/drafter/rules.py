@@ -36,10 +36,13 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
     target = TargetModel.load(target_dir)
     d = Drafter.load(drafter_dir)
     rep.add("info", "engine", f"rules of {engine} {version}")
+    if a.DRAFTER.get("keeps_model_prefix") and d.raw_tensors and any(n.startswith("model.") for n in d.raw_tensors):
+        d.tensors = dict(d.raw_tensors)  # the loader sees model.model.X: judge the names as it gets them
+    if target_check:  # off where preflight decides it, knowing the image's patch set
+        # the engine checks the target whatever the drafter's format: both are reported
+        _check_target(target, a, rep, _aux_asked(d, a))
     if not _check_format(d, a, rep):
         return rep
-    if target_check:  # off where preflight decides it, knowing the image's patch set
-        _check_target(target, a, rep)
     _check_sizes(d, target, rep)
     head = check_head(d, target, a, rep)  # the switches always; the tensor names when there are tensors
     if d.tensors:
@@ -65,9 +68,30 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
     return rep
 
 
-def _check_target(t: TargetModel, a: EngineAdapter, rep: Report):
+def _aux_asked(d: Drafter, a: EngineAdapter) -> bool:
+    """Whether the release asks the target for aux hidden states for this drafter: the model runner checks the
+    target's EAGLE-3 interface only then (eagle_config.use_aux_hidden_state: false drafts from the last state)."""
+    from specdeploy.drafter.head import switch
+    return switch(d, a, "use_aux_hidden_state")[0] is not False
+
+
+def _whitelist_only(t: TargetModel, a: EngineAdapter) -> tuple[bool, str]:
+    """The speculative config's model-type list alone (it applies to method eagle3 whatever the drafter)."""
+    wl = a.eagle3_whitelist_span
+    if wl is None or not wl.contains(a.version):
+        return True, f"no EAGLE-3 target list in {a.label} {a.version}, and this drafter asks the target for no aux " \
+            "hidden states (so its class need not implement " + a.eagle3_interface + ")"
+    types = [x for x, sp in a.eagle3_whitelist.items() if sp.contains(a.version)]
+    if any(x in t.text_model_type for x in types):
+        return True, f"model_type '{t.text_model_type}' is in the EAGLE-3 target list, and this drafter asks the " \
+            "target for no aux hidden states"
+    return False, f"model_type '{t.text_model_type}' is not in the speculative config's EAGLE-3 target list " \
+        f"({', '.join(types)})"
+
+
+def _check_target(t: TargetModel, a: EngineAdapter, rep: Report, aux: bool = True):
     """Whether the release serves the target's model class as an EAGLE-3 target (engines/eagle3_targets.py)."""
-    ok, why = a.eagle3_target(t.architectures, t.text_model_type)
+    ok, why = a.eagle3_target(t.architectures, t.text_model_type) if aux else _whitelist_only(t, a)
     if ok:
         rep.add("info", "target", f"{a.label} {a.version}: {why}")
         return

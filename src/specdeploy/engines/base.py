@@ -233,6 +233,18 @@ class EngineAdapter:
     def preflight(self, hv: HostVars, target, drafter_fmt: str | None, rep, host: str) -> None:
         """Engine-specific preflight findings for a host (``target``: the TargetModel or None)."""
 
+    # --- the engine probe (checks/probe.py) -------------------------------------------------
+    probe_env: dict[str, str] = {}  # environment the probe script needs in the engine's Python
+
+    def probe_script(self) -> str | None:
+        """The source of the script that runs this release's own config validation and drafter loading inside
+        the engine's Python (stdlib, torch and the engine only); None where the engine cannot run it here."""
+        return None
+
+    def probe_unavailable(self) -> str:
+        """Why there is no probe for this engine (shown when ``probe_script`` is None)."""
+        return f"specdeploy has no probe for {self.label or self.name}"
+
     def drafter_taps(self, top, nested, default: list[int], deepseek_target: bool) -> tuple[list[int] | None, str]:
         """The aux taps (vLLM numbering: input of layer L) this release captures for a drafter config with
         ``top`` (top-level ``eagle_aux_hidden_state_layer_ids``) and ``nested`` (``eagle_config.``) ids, each a

@@ -277,6 +277,10 @@ class SGLang(EngineAdapter):
     def profile_defaults(self, profile) -> dict[str, object]:
         return self.pcie_defaults(profile, "flashinfer")
 
+    def probe_unavailable(self) -> str:
+        return ("SGLang's kernels are CUDA-only (sgl_kernel loads libcuda at import), so its probe can only run "
+                "on a host with the engine image and a GPU; the doctor's rules stand alone here")
+
     def preflight(self, hv, target, drafter_fmt, rep, host) -> None:
         spec = hv.specdeploy_spec_enabled
         eagle3 = spec and hv.specdeploy_spec_method == "eagle3"

@@ -167,8 +167,18 @@ DRAFTER = {
     },
     # fc fuses len(eagle_config.eagle_aux_hidden_state_layer_ids) states (else 3); before, always 3.
     "aux_count_from_ids": Span("0.22.0"),
-    # attention_bias: q/k/v/o projections carry biases.
+    # attention_bias: q/k/v/o projections carry biases (LlamaAttention builds o_proj's bias too).
     "attention_bias": Span(),
+    # Parameters a drafter class adds to each decoder layer beyond the Llama head's (Qwen3 layers norm q and k
+    # per head); a checkpoint without them leaves them uninitialised.
+    "layer_extras": {"Eagle3Qwen3ForCausalLM": ("self_attn.q_norm.weight", "self_attn.k_norm.weight")},
+    "speculators_classes": {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"},
+    # Eagle3LlamaForCausalLM.load_weights prepends "model." to every name but lm_head (and d2t's), so a checkpoint
+    # name that already has it (model.layers.0...) reaches no parameter (read in 0.16.0 and 0.32.0).
+    "keeps_model_prefix": Span(),
+    # From 0.26.0 the head's LlamaModel loads through AutoWeightsLoader, which skips a .bias it has no parameter
+    # for (ignore_unexpected_suffixes); 0.16.0 to 0.24.0 look it up in params_dict (KeyError). 0.25 not read.
+    "unknown_bias_dropped": Span("0.26.0"),
     # A checkpoint tensor the head has no parameter for: the loader raises (KeyError from LlamaModel's
     # params_dict until 0.22.0, ValueError "There is no module or parameter named" from AutoWeightsLoader
     # later); the load fails.
@@ -358,6 +368,12 @@ class VLLM(EngineAdapter):
                     "config.image_token_index, which KimiK25Config lacks (AttributeError after the load)", fix, host)
         rep.add("error", "SupportsEagle3", f"vLLM {self.version}'s DeepseekV2/V3 (and KimiK25) models do not "
                 "implement SupportsEagle3 ('Model does not support EAGLE3 interface' after the load)", fix, host)
+
+    # VLLM_CPU_KVCACHE_SPACE: the CPU builds refuse to configure without it; a GPU build ignores it
+    probe_env = {"VLLM_NO_USAGE_STATS": "1", "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+    def probe_script(self) -> str:
+        return (Path(__file__).with_name("vllm_probe.py")).read_text()
 
     def drafter_taps(self, top, nested, default, deepseek_target):
         # vLLM reads the top-level key (its own numbering) first.
