@@ -169,7 +169,7 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None, probe_pytho
                 rep.extend(exc.problems)
     engine_findings(hv, target, drafter_fmt, rep, host)
     if probe_python is not None:  # the engine's own verdict (checks/probe.py), with that Python
-        from specdeploy.checks.checks.probe import preflight_findings
+        from specdeploy.checks.probe import preflight_findings
         ddir = _local(hv.specdeploy_drafter_config_copy, hv.specdeploy_drafter_controller_path,
                       hv.specdeploy_drafter_path or "", inv_dir) if hv.specdeploy_drafter_path else None
         preflight_findings(hv, tdir, ddir, rep, host, probe_python)
