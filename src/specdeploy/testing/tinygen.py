@@ -208,7 +208,10 @@ def drafter(out: Path, spec: dict):
     nq, nkv, inter = c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"]
     succ = meta["successor"]
     specials = set(meta["special_tokens"].values())
-    sel = [i for i in range(meta["tokenizer_size"]) if i not in specials]  # the draft vocabulary: regular tokens
+    # the draft vocabulary: the regular tokens and, as trainers that build it from assistant turns have it, the
+    # end-of-turn token(s)
+    keep = {meta["special_tokens"][s] for s in spec["draft_specials"]}
+    sel = [i for i in range(meta["tokenizer_size"]) if i not in specials or i in keep]
     if len(sel) != c["draft_vocab_size"]:
         raise SystemExit(f"draft vocabulary of {len(sel)} tokens, config says {c['draft_vocab_size']}")
     std = 0.02

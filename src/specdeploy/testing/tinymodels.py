@@ -22,9 +22,9 @@ Targets (``KINDS``), each with a byte-level BPE tokenizer trained locally (``tok
 
 Every target's greedy next token depends only on the current token: ``meta(target)["successor"][x]`` is the
 token the target answers to ``x`` (one cycle over the regular tokens). Drafters (``QUALITIES``), in the flat
-EAGLE-3 layout exporters write (``LlamaForCausalLMEagle3``, ``draft_vocab_size`` over the regular tokens with
-``d2t``/``t2d``, aux layer ids at the top level in vLLM numbering and under ``eagle_config`` in SGLang
-numbering):
+EAGLE-3 layout exporters write (``LlamaForCausalLMEagle3``, ``draft_vocab_size`` over the regular tokens and
+``<|im_end|>`` with ``d2t``/``t2d``, aux layer ids at the top level in vLLM numbering and under ``eagle_config``
+in SGLang numbering):
 
 - ``good``: shares the target's embedding and predicts the target's token after next from the first aux tap, so
   an engine accepts its first draft token every time (later positions of a draft are not predicted);
@@ -55,12 +55,15 @@ VENV_VERSION = "0.32.0"  # the venv whose Python writes the artifacts
 KINDS = ("llama", "deepseek_v3", "kimi_k2", "kimi_k25")
 QUALITIES = ("good", "random")
 VOCAB = 512
+# 8 attention heads everywhere: the rendered command of an 8-GPU host (--tensor-parallel-size 8) passes the
+# engine's head-divisibility checks, so the engine goes on to the checks these models are for.
 MAX_POSITIONS = 262144  # Kimi's: a rendered --max-model-len of 131072 fits
 
 # Special tokens, in id order (ids 0..7): Kimi's names, the media placeholder included.
 SPECIALS = ("[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
             "<|media_pad|>")
 ROLES = {"bos": "[BOS]", "eos": "[EOS]", "pad": "[EOS]"}
+DRAFT_SPECIALS = ("<|im_end|>",)  # the special tokens a drafter's vocabulary keeps: the end of a turn
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
     "{%- if message['role'] == 'system' -%}<|im_system|>system<|im_middle|>"
@@ -71,13 +74,13 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}")
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-         "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
          "head_dim": 64, "hidden_act": "silu", "vocab_size": VOCAB, "max_position_embeddings": 8192,
          "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "attention_bias": False, "mlp_bias": False,
          "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 2, "torch_dtype": "float32"}
 DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 256,
                "intermediate_size": 512, "moe_intermediate_size": 128, "num_hidden_layers": 4,
-               "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 8, "n_shared_experts": 1,
+               "num_attention_heads": 8, "num_key_value_heads": 8, "n_routed_experts": 8, "n_shared_experts": 1,
                "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc",
                "scoring_func": "sigmoid", "norm_topk_prob": True, "routed_scaling_factor": 2.5,
                "first_k_dense_replace": 1, "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": 128,
@@ -98,7 +101,7 @@ VISION = {"model_type": "kimi_k25_vision", "patch_size": 14, "init_pos_emb_heigh
           "init_pos_emb_time": 4, "num_attention_heads": 2, "num_hidden_layers": 1, "hidden_size": 64,
           "intermediate_size": 128, "merge_kernel_size": [2, 2]}
 DRAFTER = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "intermediate_size": 512,
-           "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64,
+           "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 64,
            "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
            "norm_before_residual": False}
 
@@ -132,13 +135,15 @@ ROLES_ID = {k: SPECIALS.index(v) for k, v in ROLES.items()}
 
 def _kind(kind: str):
     if kind not in KINDS:
-        raise SpecdeployError([Finding("error", "tiny model", f"unknown kind {kind!r}", f"use one of {', '.join(KINDS)}")])
+        raise SpecdeployError([Finding("error", "tiny model", f"unknown kind {kind!r}",
+                                       f"use one of {', '.join(KINDS)}")])
 
 
 def _target_spec(kind: str) -> dict:
     text = text_config(kind)
     files = {"configuration_kimi_k2.py": KIMI_K2_CONFIG_PY} if kind == "kimi_k2" else {}
-    return {"what": "target", "kind": kind, "family": "llama" if kind == "llama" else "mla", "seed": 1000 + KINDS.index(kind),
+    return {"what": "target", "kind": kind, "family": "llama" if kind == "llama" else "mla",
+            "seed": 1000 + KINDS.index(kind),
             "config": config(kind), "text": text, "dtype": text["torch_dtype"],
             "prefix": "language_model." if kind == "kimi_k25" else "",
             "generation": {"bos_token_id": ROLES_ID["bos"], "eos_token_id": [SPECIALS.index("<|im_end|>"),
@@ -157,11 +162,12 @@ def _drafter_spec(kind: str, quality: str) -> dict:
     n = text["num_hidden_layers"]
     taps = [1, n // 2, n - 1]  # vLLM numbering (input of layer L); SGLang's is one less
     cfg = dict(copy.deepcopy(DRAFTER), hidden_size=text["hidden_size"], target_hidden_size=text["hidden_size"],
-               vocab_size=text["vocab_size"], draft_vocab_size=text["vocab_size"] - len(SPECIALS),
+               vocab_size=text["vocab_size"], draft_vocab_size=text["vocab_size"] - len(SPECIALS) + len(DRAFT_SPECIALS),
                max_position_embeddings=text["max_position_embeddings"], torch_dtype=text["torch_dtype"],
                eagle_aux_hidden_state_layer_ids=taps,
                eagle_config={"eagle_aux_hidden_state_layer_ids": [t - 1 for t in taps], "use_aux_hidden_state": True})
-    return {"what": "drafter", "quality": quality, "seed": 2000 + 10 * KINDS.index(kind) + QUALITIES.index(quality),
+    return {"what": "drafter", "quality": quality, "draft_specials": list(DRAFT_SPECIALS),
+            "seed": 2000 + 10 * KINDS.index(kind) + QUALITIES.index(quality),
             "config": cfg, "dtype": text["torch_dtype"]}
 
 
