@@ -348,8 +348,13 @@ class VLLM(EngineAdapter):
             return
         fix = f"set specdeploy_engine_patches: auto, or pin vLLM >= {CAPABILITIES['kimi_eagle3_upstream'].since}"
         if self.has("eagle3_target_whitelist"):
+            # the engine's own check: a substring match on the text config's model_type, raised while the API
+            # server builds the speculative config, before the engine core starts or any weight is read
+            types = [t for t, span in self.eagle3_whitelist.items() if span.contains(self.version)]
             rep.add("error", "eagle3 target whitelist", f"vLLM {self.version} rejects model_type "
-                    f"'{target.text_model_type}' as an EAGLE-3 target (ValueError after the load)", fix, host)
+                    f"'{target.text_model_type}' as an EAGLE-3 target: its speculative config accepts only "
+                    f"{types} (a ValueError at startup, seconds after launch, before any weight is loaded)", fix,
+                    host)
         if "KimiK25ForConditionalGeneration" in target.architectures:
             rep.add("error", "image_token_index", f"vLLM {self.version}'s EAGLE proposer reads "
                     "config.image_token_index, which KimiK25Config lacks (AttributeError after the load)", fix, host)
