@@ -338,9 +338,8 @@ class VLLM(EngineAdapter):
         else:
             later = next((v for v in self.versions[self.versions.index(self.version) + 1:]
                           if VLLM(v).eagle3_target(target.architectures, target.text_model_type)[0]), None)
-            rep.add("error", "eagle3 target", f"vLLM {self.version}: {why} (fails once the target is asked for aux "
-                    "hidden states)", f"pin vLLM >= {later}" if later else "serve this target with another engine, "
-                    "or without EAGLE-3", host)
+            rep.add("error", "eagle3 target", f"vLLM {self.version}: {why}", f"pin vLLM >= {later}" if later
+                    else "serve this target with another engine, or without EAGLE-3", host)
 
     def _kimi_preflight(self, hv, target, rep, host) -> None:
         if hv.specdeploy_engine_patches != "none":
