@@ -18,7 +18,9 @@ Targets (``KINDS``), each with a byte-level BPE tokenizer trained locally (``tok
   with ``--trust-remote-code``;
 - ``kimi_k25``: a ``KimiK25ForConditionalGeneration`` wrapper (``model_type: kimi_k25``, a small
   ``vision_config``, ``media_placeholder_token_id``) whose ``text_config`` is the ``kimi_k2`` one; it carries
-  the language model's weights under ``language_model.`` and no vision weights (a config-only wrapper).
+  the language model's weights under ``language_model.`` and no vision weights or image processor (a config-only
+  wrapper: vLLM 0.16.0 asks for its image processor, ``preprocessor_config.json``, once past the speculative
+  config, and stops there).
 
 Every target's greedy next token depends only on the current token: ``meta(target)["successor"][x]`` is the
 token the target answers to ``x`` (one cycle over the regular tokens). Drafters (``QUALITIES``), in the flat
@@ -27,7 +29,8 @@ EAGLE-3 layout exporters write (``LlamaForCausalLMEagle3``, ``draft_vocab_size``
 in SGLang numbering):
 
 - ``good``: shares the target's embedding and predicts the target's token after next from the first aux tap, so
-  an engine accepts its first draft token every time (later positions of a draft are not predicted);
+  an engine accepts its first draft token every time (later positions of a draft are not predicted; vLLM 0.32.0
+  on CPU, llama target, 3 speculative tokens, greedy: 20 of 20 drafts accepted at position 0, none later);
 - ``random``: random weights: an engine accepts next to none of its drafts.
 
 Each artifact is built once into ``$SPECDEPLOY_CACHE/tinymodels-<kind>-<key16>`` (default
