@@ -4,7 +4,8 @@ with the command line specdeploy renders for the example inventory's 8-GPU host,
 
 - the stock engine dies with its own whitelist error, and ``specdeploy preflight`` on the same inputs said so first,
   in well under a second, naming the same model type and the same list; ``specdeploy triage`` on the engine's log
-  names it;
+  names it; the simulator, with the release's sources beside it (as in the sandbox's stand-in image), refuses
+  the command in the engine's words, and serves it beside the patched sources;
 - the patch set, applied to a copy of the installed package (the cached venv is never written), takes the engine
   past the whitelist: its engine core starts with the EAGLE-3 speculative config and stops at the next limit of
   this CPU build (its model runner has no speculative decoding), inside the patched copy;
@@ -206,6 +207,22 @@ def test_stock_engine_dies_on_the_whitelist_preflight_predicted_and_triage_names
     assert res["confidence"] == "high" and f"model_type='{engine_type}'" in res["root_cause"]
     assert "specdeploy_engine_patches: auto" in res["fix"]
 
+    # the simulator, with this release's (stock) sources beside it, refuses the same command in the same words
+    beside = tmp_path / "stock-sources"
+    beside.mkdir()
+    (beside / "vllm").symlink_to(site_packages(venv) / "vllm")
+    sim = simulate(argv, beside)
+    assert sim.returncode != 0 and m.group(0) in sim.stderr, sim.stderr
+
+
+def simulate(argv: list[str], sources: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``specdeploy simulate`` of this release on the rendered command, with ``sources`` (a directory holding a
+    vllm package's sources) on its path, as in the sandbox's stand-in image."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(sources)]),
+               SPECDEPLOY_SIM_LOAD_SECONDS="0")
+    return subprocess.run([sys.executable, "-m", "specdeploy.cli", "simulate", "--engine", "vllm", "--version",
+                           VERSION, "--", *argv], capture_output=True, text=True, env=env, timeout=timeout)
+
 
 def test_patch_set_takes_the_engine_past_the_whitelist(venv, models, inventory, overlay, tmp_path):
     kind = "kimi_k2"
@@ -231,6 +248,12 @@ def test_patch_set_takes_the_engine_past_the_whitelist(venv, models, inventory, 
     assert f'File "{site_packages(venv)}/vllm/' not in text  # no frame of the stock package
     res = triage_files([log])
     assert res.signature == "spec-decode-unsupported" and res.location.startswith(str(overlay)), res
+
+    # the simulator with the patched sources beside it serves the command (until the timeout stops it)
+    with pytest.raises(subprocess.TimeoutExpired) as served:
+        simulate(argv, overlay, timeout=20)
+    out = served.value.stdout or b""
+    assert b"Application startup complete" in (out if isinstance(out, bytes) else out.encode())
 
 
 def probe(venv: Path, target: Path, overlay: Path | None = None) -> dict:

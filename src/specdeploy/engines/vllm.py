@@ -395,8 +395,6 @@ class VLLM(EngineAdapter):
     def eagle3_targets_from_source(cls, root) -> tuple[set[str], list[str] | None]:
         """(architectures whose registered class implements SupportsEagle3, the speculative config's EAGLE-3
         target model types or None when the release has no such list)."""
-        import ast
-
         from .sourcescan import implementers, model_classes, registry_archs
         vl = Path(root) / cls.name
         classes = model_classes(vl / "model_executor" / "models")
@@ -406,13 +404,20 @@ class VLLM(EngineAdapter):
             return name == "SupportsEagle3" or ("set_aux_hidden_state_layers" in entry[1]
                                                 and "supports_eagle3" in entry[2])
         archs = {a for a, (m, c) in reg.items() if c != "SupportsEagle3" and implementers(classes, m, c, has)}
+        return archs, cls.eagle3_whitelist_from_source(root)
+
+    @classmethod
+    def eagle3_whitelist_from_source(cls, root) -> list[str] | None:
+        """The speculative config's EAGLE-3 target model types in the vLLM sources under ``root``, None when the
+        release has no such list."""
+        import ast
         types = None
-        for node in ast.walk(ast.parse((vl / "config" / "speculative.py").read_text())):
+        for node in ast.walk(ast.parse((Path(root) / cls.name / "config" / "speculative.py").read_text())):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.List) and any(
                     isinstance(t, ast.Name) and t.id in ("eagle3_target_supported", "aux_hidden_states_supported")
                     for t in node.targets):
                 types = [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
-        return archs, types
+        return types
 
     @classmethod
     def simulation(cls) -> SimBehaviour:
@@ -456,6 +461,8 @@ class VLLMSim(SimBehaviour):
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k <= 0):
             raise SimReject(f"{head}num_speculative_tokens\n  Input should be greater than 0 [type=greater_than, "
                             f"input_value={k!r}]")
+        if method == "eagle3":
+            _whitelist_check(opts.get("model"), head)
         return {"k": int(k or 0), "method": method, "model": cfg.get("model")}
 
     def api_key(self, opts, env):
@@ -491,6 +498,41 @@ class VLLMSim(SimBehaviour):
             merged.append(src.pop(0))
         return CRASH_LOG.format(core=4000, ts=ts, version=version, model=model, k=k,
                                 workers="\n".join(merged) + "\n")
+
+
+def _installed_whitelist() -> list[str] | None:
+    """The EAGLE-3 target list of the vLLM sources installed beside the simulator (the sandbox's stand-in image:
+    patched or not, as its patch set says), found without importing them; None when there are none, or the
+    release has no list."""
+    import importlib.util
+    try:
+        found = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.submodule_search_locations:
+        return None
+    root = Path(next(iter(found.submodule_search_locations))).parent
+    try:
+        return VLLM.eagle3_whitelist_from_source(root)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _whitelist_check(model: str | None, head: str) -> None:
+    """What the engine's SpeculativeConfig does with an EAGLE-3 target whose text model_type its list lacks."""
+    types = _installed_whitelist()
+    if types is None or not model:
+        return
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # parse_argv reports the missing config
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    mt = text.get("model_type") if isinstance(text, dict) else None
+    if isinstance(mt, str) and not any(t in mt for t in types):
+        raise SimReject(f"{head}  Value error, Eagle3 is only supported for {types} models. Got "
+                        f"self.target_model_config.hf_text_config.model_type={mt!r} [type=value_error, "
+                        "input_value=ArgsKwargs((), {'method':..., _api_process_rank=0)}), input_type=ArgsKwargs]")
 
 
 CRASH_LOG = (
