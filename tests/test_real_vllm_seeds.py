@@ -224,6 +224,32 @@ def simulate(argv: list[str], sources: Path, timeout: float = 60) -> subprocess.
                            VERSION, "--", *argv], capture_output=True, text=True, env=env, timeout=timeout)
 
 
+def test_drafter_heads_must_divide_by_the_tp_as_preflight_says(venv, models, inventory, tmp_path):
+    """A drafter with 4 attention heads (head_dim 128: the same projections) at the host's TP 8: preflight says the
+    engine refuses it, and the engine does, at startup, before its whitelist."""
+    _, good = models["kimi_k2"]
+    drafter = tmp_path / "drafter-4-heads"
+    shutil.copytree(good, drafter)
+    cfg = json.loads((drafter / "config.json").read_text())
+    assert cfg["num_attention_heads"] * cfg["head_dim"] == 4 * 128
+    cfg.update(num_attention_heads=4, num_key_value_heads=4, head_dim=128)
+    (drafter / "config.json").write_text(json.dumps(cfg))
+    hv = dict(host_vars("kimi_k2", models, free_port(), "auto"), specdeploy_drafter_path=str(drafter),
+              specdeploy_drafter_config_copy=str(drafter))
+    report = preflight(str(inventory), HOST, hv)[HOST]
+    assert set(errors(report)) == {"drafter num_attention_heads"}, report.to_dict()
+    assert "4 attention heads do not divide by its tensor-parallel size 8" in \
+        errors(report)["drafter num_attention_heads"].message
+
+    argv, env = rendered(inventory, hv, drafter)
+    log = tmp_path / "vllm-heads.log"
+    rc, _ = launch(venv, argv, env, log)
+    text = log.read_text(errors="replace")
+    assert rc != 0 and "Value error, Total number of attention heads (4) must be divisible by tensor parallel " \
+        "size (8)" in text, tail(log)
+    assert "validation error for SpeculativeConfig" in text and "Eagle3 is only supported for" not in text
+
+
 def test_patch_set_takes_the_engine_past_the_whitelist(venv, models, inventory, overlay, tmp_path):
     kind = "kimi_k2"
     target, drafter = models[kind]
