@@ -212,7 +212,7 @@ def test_stock_engine_dies_on_the_whitelist_preflight_predicted_and_triage_names
     beside.mkdir()
     (beside / "vllm").symlink_to(site_packages(venv) / "vllm")
     sim = simulate(argv, beside)
-    assert sim.returncode != 0 and m.group(0) in sim.stderr, sim.stderr
+    assert sim.returncode == rc and m.group(0) in sim.stderr, (sim.returncode, sim.stderr)
 
 
 def simulate(argv: list[str], sources: Path, timeout: float = 60) -> subprocess.CompletedProcess:

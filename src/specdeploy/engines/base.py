@@ -312,7 +312,12 @@ class CommContext:
 
 
 class SimReject(SystemExit):
-    """The simulated engine refuses its command line (the message is what the real engine prints)."""
+    """The simulated engine refuses its command line (the message is what the real engine prints; ``status`` the
+    exit status it gives: 2 from its argument parser, 1 for a config it refuses while starting)."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
 
 
 class SimBehaviour:

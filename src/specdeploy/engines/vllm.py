@@ -452,15 +452,16 @@ class VLLMSim(SimBehaviour):
         keys = facts["spec_keys"] if facts else {k for k, span in SPEC_KEYS.items() if span.contains(version)}
         bad = [k for k in cfg if k not in keys]
         if bad:
-            raise SimReject(f"{head}{bad[0]}\n  Extra inputs are not permitted [type=extra_forbidden]")
+            raise SimReject(f"{head}{bad[0]}\n  Extra inputs are not permitted [type=extra_forbidden]", 1)
         method = cfg.get("method")
         if facts and method is not None and method not in facts["spec_methods"]:
             allowed = ", ".join(repr(m) for m in sorted(facts["spec_methods"]))
-            raise SimReject(f"{head}method\n  Input should be {allowed} [type=literal_error, input_value={method!r}]")
+            raise SimReject(f"{head}method\n  Input should be {allowed} [type=literal_error, input_value={method!r}]",
+                            1)
         k = cfg.get("num_speculative_tokens")
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k <= 0):
             raise SimReject(f"{head}num_speculative_tokens\n  Input should be greater than 0 [type=greater_than, "
-                            f"input_value={k!r}]")
+                            f"input_value={k!r}]", 1)
         if method == "eagle3":
             _whitelist_check(opts.get("model"), head)
         return {"k": int(k or 0), "method": method, "model": cfg.get("model")}
@@ -532,7 +533,7 @@ def _whitelist_check(model: str | None, head: str) -> None:
     if isinstance(mt, str) and not any(t in mt for t in types):
         raise SimReject(f"{head}  Value error, Eagle3 is only supported for {types} models. Got "
                         f"self.target_model_config.hf_text_config.model_type={mt!r} [type=value_error, "
-                        "input_value=ArgsKwargs((), {'method':..., _api_process_rank=0)}), input_type=ArgsKwargs]")
+                        "input_value=ArgsKwargs((), {'method':..., _api_process_rank=0)}), input_type=ArgsKwargs]", 1)
 
 
 CRASH_LOG = (
