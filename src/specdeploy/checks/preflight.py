@@ -109,6 +109,20 @@ def model_findings(hv: HostVars, target: TargetModel, rep: Report, host: str):
                 "`specdeploy preflight --hosts` and the gpu_host role check it too", host)
 
 
+def drafter_tp_findings(hv: HostVars, d, rep: Report, host: str):
+    """The drafter runs at the target's tensor-parallel size unless the speculative config gives it one of its own
+    (draft_tensor_parallel_size): its attention heads must divide by it. The engine checks it at startup, while it
+    builds the speculative config (vLLM 0.16.0: "Total number of attention heads (H) must be divisible by tensor
+    parallel size (T)")."""
+    own = hv.specdeploy_spec_config_extra.get("draft_tensor_parallel_size")
+    tp = own if isinstance(own, int) and not isinstance(own, bool) and own > 0 else hv.tp
+    if d.heads and d.heads % tp:
+        rep.add("error", "drafter num_attention_heads", f"the drafter's {d.heads} attention heads do not divide by "
+                f"its tensor-parallel size {tp}: the engine refuses the speculative config at startup",
+                "use a drafter whose head count the TP divides, or give the drafter a TP that does "
+                "(draft_tensor_parallel_size in specdeploy_spec_config_extra, where the engine has it)", host)
+
+
 def preflight_host(host: str, variables: dict, inv_dir: Path | None, probe_python: str | None = None) -> Report:
     rep = Report()
     try:
@@ -155,7 +169,9 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None, probe_pytho
                     "not checked", "set specdeploy_drafter_config_copy", host)
         elif target is not None:
             try:
-                drafter_fmt = drafter_mod.Drafter.load(ddir).fmt
+                d = drafter_mod.Drafter.load(ddir)
+                drafter_fmt = d.fmt
+                drafter_tp_findings(hv, d, rep, host)
                 drep = drafter_mod.check(ddir, tdir, hv.specdeploy_engine, hv.specdeploy_engine_version)
                 # the drafter role converts what `drafter convert` fixes before the engine starts: report as info
                 for f in drep.findings:

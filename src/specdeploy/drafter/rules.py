@@ -102,8 +102,8 @@ def _check_target(t: TargetModel, a: EngineAdapter, rep: Report, aux: bool = Tru
     later = _later_release(t, a)
     fix = f"use {a.label} {later} or later" if later else f"serve this target with {a.drafter_fallback}" \
         if a.drafter_fallback else "serve this target with an engine release that implements it"
-    rep.add("error", "target", f"{a.label} {a.version} cannot use {t.architectures} as an EAGLE-3 target: {why} "
-            "(the load fails once the target asks for aux hidden states)", fix)
+    rep.add("error", "target", f"{a.label} {a.version} cannot use {t.architectures} as an EAGLE-3 target: {why}",
+            fix)
 
 
 def _later_release(t: TargetModel, a: EngineAdapter) -> str | None:

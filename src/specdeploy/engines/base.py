@@ -156,16 +156,17 @@ class EngineAdapter:
         v = parse_version(self.version)
 
         def at(version: str) -> tuple[bool, str]:
-            ok = [x for x in architectures if x in self.eagle3_targets and self.eagle3_targets[x].contains(version)]
-            if not ok:
-                return False, f"{' / '.join(architectures) or 'no architecture'} does not implement " \
-                    f"{self.eagle3_interface}"
+            # in the engine's order: the whitelist is checked at startup, the interface at the load
             wl = self.eagle3_whitelist_span
             if wl is not None and wl.contains(version):
                 types = [t for t, sp in self.eagle3_whitelist.items() if sp.contains(version)]
                 if not any(t in model_type for t in types):
                     return False, f"model_type '{model_type}' is not in the speculative config's EAGLE-3 target " \
-                        f"list ({', '.join(types)})"
+                        f"list ({', '.join(types)}): refused at startup, before the load"
+            ok = [x for x in architectures if x in self.eagle3_targets and self.eagle3_targets[x].contains(version)]
+            if not ok:
+                return False, f"{' / '.join(architectures) or 'no architecture'} does not implement " \
+                    f"{self.eagle3_interface}: the load fails once the target asks for aux hidden states"
             return True, f"{ok[0]} implements {self.eagle3_interface}"
         if self.version in read:
             return at(self.version)
@@ -350,7 +351,12 @@ class CommContext:
 
 
 class SimReject(SystemExit):
-    """The simulated engine refuses its command line (the message is what the real engine prints)."""
+    """The simulated engine refuses its command line (the message is what the real engine prints; ``status`` the
+    exit status it gives: 2 from its argument parser, 1 for a config it refuses while starting)."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
 
 
 class SimBehaviour:

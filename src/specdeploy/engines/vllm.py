@@ -351,9 +351,8 @@ class VLLM(EngineAdapter):
         else:
             later = next((v for v in self.versions[self.versions.index(self.version) + 1:]
                           if VLLM(v).eagle3_target(target.architectures, target.text_model_type)[0]), None)
-            rep.add("error", "eagle3 target", f"vLLM {self.version}: {why} (fails once the target is asked for aux "
-                    "hidden states)", f"pin vLLM >= {later}" if later else "serve this target with another engine, "
-                    "or without EAGLE-3", host)
+            rep.add("error", "eagle3 target", f"vLLM {self.version}: {why}", f"pin vLLM >= {later}" if later
+                    else "serve this target with another engine, or without EAGLE-3", host)
 
     def _kimi_preflight(self, hv, target, rep, host) -> None:
         if hv.specdeploy_engine_patches != "none":
@@ -361,8 +360,13 @@ class VLLM(EngineAdapter):
             return
         fix = f"set specdeploy_engine_patches: auto, or pin vLLM >= {CAPABILITIES['kimi_eagle3_upstream'].since}"
         if self.has("eagle3_target_whitelist"):
+            # the engine's own check: a substring match on the text config's model_type, raised while the API
+            # server builds the speculative config, before the engine core starts or any weight is read
+            types = [t for t, span in self.eagle3_whitelist.items() if span.contains(self.version)]
             rep.add("error", "eagle3 target whitelist", f"vLLM {self.version} rejects model_type "
-                    f"'{target.text_model_type}' as an EAGLE-3 target (ValueError after the load)", fix, host)
+                    f"'{target.text_model_type}' as an EAGLE-3 target: its speculative config accepts only "
+                    f"{types} (a ValueError at startup, seconds after launch, before any weight is loaded)", fix,
+                    host)
         if "KimiK25ForConditionalGeneration" in target.architectures:
             rep.add("error", "image_token_index", f"vLLM {self.version}'s EAGLE proposer reads "
                     "config.image_token_index, which KimiK25Config lacks (AttributeError after the load)", fix, host)
@@ -410,8 +414,6 @@ class VLLM(EngineAdapter):
     def eagle3_targets_from_source(cls, root) -> tuple[set[str], list[str] | None]:
         """(architectures whose registered class implements SupportsEagle3, the speculative config's EAGLE-3
         target model types or None when the release has no such list)."""
-        import ast
-
         from specdeploy.engines.sourcescan import implementers, model_classes, registry_archs
         vl = Path(root) / cls.name
         classes = model_classes(vl / "model_executor" / "models")
@@ -421,13 +423,20 @@ class VLLM(EngineAdapter):
             return name == "SupportsEagle3" or ("set_aux_hidden_state_layers" in entry[1]
                                                 and "supports_eagle3" in entry[2])
         archs = {a for a, (m, c) in reg.items() if c != "SupportsEagle3" and implementers(classes, m, c, has)}
+        return archs, cls.eagle3_whitelist_from_source(root)
+
+    @classmethod
+    def eagle3_whitelist_from_source(cls, root) -> list[str] | None:
+        """The speculative config's EAGLE-3 target model types in the vLLM sources under ``root``, None when the
+        release has no such list."""
+        import ast
         types = None
-        for node in ast.walk(ast.parse((vl / "config" / "speculative.py").read_text())):
+        for node in ast.walk(ast.parse((Path(root) / cls.name / "config" / "speculative.py").read_text())):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.List) and any(
                     isinstance(t, ast.Name) and t.id in ("eagle3_target_supported", "aux_hidden_states_supported")
                     for t in node.targets):
                 types = [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
-        return archs, types
+        return types
 
     @classmethod
     def simulation(cls) -> SimBehaviour:
@@ -462,15 +471,18 @@ class VLLMSim(SimBehaviour):
         keys = facts["spec_keys"] if facts else {k for k, span in SPEC_KEYS.items() if span.contains(version)}
         bad = [k for k in cfg if k not in keys]
         if bad:
-            raise SimReject(f"{head}{bad[0]}\n  Extra inputs are not permitted [type=extra_forbidden]")
+            raise SimReject(f"{head}{bad[0]}\n  Extra inputs are not permitted [type=extra_forbidden]", 1)
         method = cfg.get("method")
         if facts and method is not None and method not in facts["spec_methods"]:
             allowed = ", ".join(repr(m) for m in sorted(facts["spec_methods"]))
-            raise SimReject(f"{head}method\n  Input should be {allowed} [type=literal_error, input_value={method!r}]")
+            raise SimReject(f"{head}method\n  Input should be {allowed} [type=literal_error, input_value={method!r}]",
+                            1)
         k = cfg.get("num_speculative_tokens")
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k <= 0):
             raise SimReject(f"{head}num_speculative_tokens\n  Input should be greater than 0 [type=greater_than, "
-                            f"input_value={k!r}]")
+                            f"input_value={k!r}]", 1)
+        if method == "eagle3":
+            _whitelist_check(opts.get("model"), head)
         return {"k": int(k or 0), "method": method, "model": cfg.get("model")}
 
     def api_key(self, opts, env):
@@ -506,6 +518,41 @@ class VLLMSim(SimBehaviour):
             merged.append(src.pop(0))
         return CRASH_LOG.format(core=4000, ts=ts, version=version, model=model, k=k,
                                 workers="\n".join(merged) + "\n")
+
+
+def _installed_whitelist() -> list[str] | None:
+    """The EAGLE-3 target list of the vLLM sources installed beside the simulator (the sandbox's stand-in image:
+    patched or not, as its patch set says), found without importing them; None when there are none, or the
+    release has no list."""
+    import importlib.util
+    try:
+        found = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.submodule_search_locations:
+        return None
+    root = Path(next(iter(found.submodule_search_locations))).parent
+    try:
+        return VLLM.eagle3_whitelist_from_source(root)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _whitelist_check(model: str | None, head: str) -> None:
+    """What the engine's SpeculativeConfig does with an EAGLE-3 target whose text model_type its list lacks."""
+    types = _installed_whitelist()
+    if types is None or not model:
+        return
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # parse_argv reports the missing config
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    mt = text.get("model_type") if isinstance(text, dict) else None
+    if isinstance(mt, str) and not any(t in mt for t in types):
+        raise SimReject(f"{head}  Value error, Eagle3 is only supported for {types} models. Got "
+                        f"self.target_model_config.hf_text_config.model_type={mt!r} [type=value_error, "
+                        "input_value=ArgsKwargs((), {'method':..., _api_process_rank=0)}), input_type=ArgsKwargs]", 1)
 
 
 CRASH_LOG = (

@@ -32,6 +32,11 @@ def signatures(kimi_since: str) -> tuple[Signature, ...]:
                   re.compile(r"SchedulerConfig.*is_encoder_decoder|is_encoder_decoder.*SchedulerConfig"),
                   "The speculators release predates this vLLM (SchedulerConfig gained is_encoder_decoder): install a "
                   "speculators release built for the pinned vLLM."),
+        Signature("spec-decode-unsupported", "high", re.compile(r"spec decode is not supported"),
+                  "This engine build's model runner has no speculative decoding on this platform (vLLM's CPU model "
+                  "runner asserts it in 0.16.0 to 0.19.0; the assertion is gone from 0.20.0, and 0.32.0 runs EAGLE-3 "
+                  "on CPU): serve without speculation there (specdeploy_spec_enabled: false) or use a release whose "
+                  "runner supports it."),
     )
 
 

@@ -267,7 +267,7 @@ def run(engine: str, version: str, argv: list[str]) -> int:
         opts = parse_argv(engine, version, argv)
     except ArgError as exc:
         print(str(exc), file=sys.stderr, flush=True)
-        return 2
+        return getattr(exc, "status", 2)
     sim = Sim(engine, version, opts)
     host, port = opts.get("host", "127.0.0.1"), int(opts.get("port", get(engine).default_port))
     tp = int(opts.get(sim.behaviour.tp_option) or 1)
