@@ -163,7 +163,7 @@ def main(argv=None):
         for v in a.version:
             print(venv(v, progress=lambda m: print(f"[realengine] {m}", file=sys.stderr, flush=True)))
     except SpecdeployError as e:
-        for f in e.findings:
+        for f in e.problems:
             print(f"error: {f.subject}: {f.message}\n  fix: {f.fix}", file=sys.stderr)
         return 2
     return 0
