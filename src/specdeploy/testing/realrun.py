@@ -38,6 +38,17 @@ HOST = "realhost"
 PROMPT = [{"role": "user", "content": "Reply with one short sentence: what is speculative decoding?"}]
 
 
+def tiny_cache_from_env() -> None:
+    """Build the tiny models under ``$SPECDEPLOY_TINY_CACHE`` when it is set (a generator being changed beside
+    this one prunes the shared cache's entries of other keys)."""
+    d = os.environ.get("SPECDEPLOY_TINY_CACHE")
+    if d:
+        from . import tinymodels
+        tinymodels.CACHE = Path(d)
+        tinymodels.LOCK = Path(d) / "tinymodels.lock"
+        tinymodels.CACHE.mkdir(parents=True, exist_ok=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -91,6 +102,8 @@ class Engine:
     proc: subprocess.Popen | None = None
     started: float = 0.0
     returncode: int | None = None
+    ready: Outcome | None = None      # what readiness.wait said
+    answer: dict | None = None        # the readiness gate's chat completion
     _out: object = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -250,10 +263,10 @@ def serve(hv: HostVars, logdir: Path, timeout: float = 240) -> Engine:
     the engine's last lines when it does not."""
     eng = launch(hv, logdir)
     try:
-        o = eng.wait_ready(timeout)
+        o = eng.ready = eng.wait_ready(timeout)
         if o.status != "ready":
             raise RuntimeError(f"{o.status}: {o.detail}\n" + "\n".join(eng.journal_tail(n=40)))
-        answer = eng.chat()
+        answer = eng.answer = eng.chat()
         if not answer["choices"][0]["message"]["content"]:
             raise RuntimeError("the engine answered /v1/chat/completions without text")
     except BaseException:
