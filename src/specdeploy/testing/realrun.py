@@ -102,6 +102,7 @@ class Engine:
     proc: subprocess.Popen | None = None
     started: float = 0.0
     returncode: int | None = None
+    orphans_killed: bool = False      # after kill(): children outlived the main process and were SIGKILLed
     ready: Outcome | None = None      # what readiness.wait said
     answer: dict | None = None        # the readiness gate's chat completion
     _out: object = None
@@ -230,7 +231,11 @@ class Engine:
         while time.time() < end and self._group_alive():
             time.sleep(0.5)
         if self._group_alive():
+            self.orphans_killed = True
             self._signal_group(signal.SIGKILL)
+            end = time.time() + 15
+            while time.time() < end and self._group_alive():
+                time.sleep(0.2)
 
     def _group_alive(self) -> bool:
         try:
