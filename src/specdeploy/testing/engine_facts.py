@@ -4,8 +4,8 @@ speculative-config keys and the speculative methods each release accepts.
 The simulator checks a command line against these facts rather than against specdeploy's own flag table, so a
 flag or a method the real engine would reject is rejected in the sandbox too. ``engines/facts.json`` holds the
 facts of the releases the sandbox plays; ``tests/contract`` re-extracts them from the downloaded sources and
-fails when they drift. Refresh: ``python -m specdeploy.testing.engine_facts record vllm 0.16.0`` (needs the index), or from an
-installed release: ``... record vllm 0.32.0 --from VENV/lib/python3.11/site-packages``.
+fails when they drift. Refresh: ``python -m specdeploy.testing.engine_facts record vllm 0.16.0`` (needs the
+index), or from an installed release: ``... record vllm 0.32.0 --from VENV/lib/python3.11/site-packages``.
 """
 from __future__ import annotations
 
