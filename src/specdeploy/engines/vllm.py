@@ -448,12 +448,12 @@ class VLLMSim(SimBehaviour):
     def shutdown_lines(self, pid):
         # vLLM 0.32.0 on SIGTERM: the engine core is told first, then uvicorn shuts down (exit status 0)
         return [_record("APIServer", pid, "INFO", "launcher.py:254", "[shutdown] API server: shutdown triggered"),
-                _record("EngineCore_DP0", 4000, "INFO", "core.py:1454",
+                _record("EngineCore", 4000, "INFO", "core.py:1454",
                         "[shutdown] EngineCore: trigger received signal=SIGTERM"),
                 _record("APIServer", pid, "INFO", "launcher.py:304",
                         "[shutdown] API server: shutting down FastAPI HTTP server"),
                 "INFO:     Shutting down", "INFO:     Waiting for application shutdown.",
-                "INFO:     Application shutdown complete.", f"INFO:     Finished server process [{pid}]"]
+                "INFO:     Application shutdown complete."]
 
     def id_prefix(self, path):
         return "chatcmpl-" if path.endswith("chat/completions") else "cmpl-"
