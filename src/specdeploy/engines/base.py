@@ -351,12 +351,12 @@ class CommContext:
 
 
 class SimReject(SystemExit):
-    """The simulated engine refuses its command line (the message is what the real engine prints; ``status`` the
-    exit status it gives: 2 from its argument parser, 1 for a config it refuses while starting)."""
+    """The simulated engine refuses its command line (the message is what the real engine prints, the exit code
+    what it exits with: 2 for argparse's errors, 1 for an exception raised while the config is built)."""
 
-    def __init__(self, message: str, status: int = 2):
+    def __init__(self, message: str, exit_code: int = 2):
         super().__init__(message)
-        self.status = status
+        self.exit_code = exit_code
 
 
 class SimBehaviour:
@@ -368,6 +368,9 @@ class SimBehaviour:
     positional_model: bool = False  # the model path follows the head as a positional argument
     usage: str = ""
     prog: str = ""  # prefix of argparse-style errors
+    unknown_prog: str | None = None  # prefix of the unrecognized-arguments error, when another parser reports it
+    usage_on_error: bool = False  # argparse's usage line precedes a per-argument error
+    int_type_names: dict[str, str] = {}  # flag -> the type name argparse reports for a bad value (else "int")
     booleans: frozenset[str] = frozenset()  # flags without a value
     int_flags: frozenset[str] = frozenset()
     tp_option: str = ""  # the option (parsed key) that holds the tensor-parallel size
@@ -389,6 +392,22 @@ class SimBehaviour:
         raise NotImplementedError
 
     kv_lines: tuple[str, ...] = ()  # printed between the weight shards and the graph capture
+
+    def ready_lines(self, host: str, port: int, pid: int) -> list[str]:
+        """What the engine prints once it serves."""
+        return [f"INFO:     Application startup complete. Uvicorn running on http://{host}:{port}"]
+
+    def shutdown_lines(self, pid: int) -> list[str]:
+        """What the engine prints when SIGTERM stops it."""
+        return []
+
+    def id_prefix(self, path: str) -> str:
+        """The prefix of a completion's id on ``path``."""
+        return "cmpl-"
+
+    def model_card(self, served: str, opts: dict, engine: str) -> dict:
+        """One entry of /v1/models."""
+        return {"id": served, "object": "model", "owned_by": engine, "root": served}
 
     def graph_line(self, i: int, graphs: int, t_graph: float) -> str:
         return f"Capturing CUDA graphs: {100 * i // graphs:3d}%| | {i}/{graphs}"

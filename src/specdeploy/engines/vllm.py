@@ -449,15 +449,46 @@ class VLLMSim(SimBehaviour):
 
     argv_head = ("vllm", "serve")
     positional_model = True
-    usage = "usage: vllm serve MODEL [options]"
+    # As vLLM 0.32.0 reports a bad command line (read on the real CPU build): argparse's usage, then the error;
+    # unknown flags are reported by the top-level `vllm` parser.
+    usage = "usage: vllm serve [model_tag] [options]"
     prog = "vllm serve"
+    unknown_prog = "vllm"
+    usage_on_error = True
+    int_type_names = {"--max-model-len": "human_readable_int_or_auto"}
     booleans = frozenset({"--enable-expert-parallel", "--trust-remote-code", "--disable-custom-all-reduce",
                           "--enable-prefix-caching", "--enable-auto-tool-choice", "--enable-eplb",
                           "--enforce-eager", "--language-model-only"})
     int_flags = frozenset({"--port", "--tensor-parallel-size", "--max-model-len"})
     tp_option = "tensor_parallel_size"
-    kv_lines = ("INFO [gpu_worker.py:298] GPU KV cache size: 1,187,264 tokens",
-                "INFO [kv_cache_utils.py:1091] Maximum concurrency for 262,144 tokens per request: 4.53x")
+    @property
+    def kv_lines(self):
+        return (_record("EngineCore_DP0", 4000, "INFO", "kv_cache_utils.py:1307",
+                        "GPU KV cache size: 1,187,264 tokens"),
+                _record("EngineCore_DP0", 4000, "INFO", "kv_cache_utils.py:1313",
+                        "Maximum concurrency for 262,144 tokens per request: 4.53x"))
+
+    def ready_lines(self, host, port, pid):
+        # uvicorn's own lines, unprefixed (vLLM's line before them names the address differently per release)
+        return [f"INFO:     Started server process [{pid}]", "INFO:     Waiting for application startup.",
+                "INFO:     Application startup complete."]
+
+    def shutdown_lines(self, pid):
+        # vLLM 0.32.0 on SIGTERM: the engine core is told first, then uvicorn shuts down (exit status 0)
+        return [_record("APIServer", pid, "INFO", "launcher.py:254", "[shutdown] API server: shutdown triggered"),
+                _record("EngineCore", 4000, "INFO", "core.py:1454",
+                        "[shutdown] EngineCore: trigger received signal=SIGTERM"),
+                _record("APIServer", pid, "INFO", "launcher.py:304",
+                        "[shutdown] API server: shutting down FastAPI HTTP server"),
+                "INFO:     Shutting down", "INFO:     Waiting for application shutdown.",
+                "INFO:     Application shutdown complete."]
+
+    def id_prefix(self, path):
+        return "chatcmpl-" if path.endswith("chat/completions") else "cmpl-"
+
+    def model_card(self, served, opts, engine):
+        return {"id": served, "object": "model", "created": int(time.time()), "owned_by": engine,
+                "root": opts.get("model"), "parent": None, "max_model_len": int(opts.get("max_model_len") or 262144)}
 
     def spec(self, version, opts, facts):
         """--speculative-config as vLLM's SpeculativeConfig validates it: known keys, a known method, k > 0."""
@@ -471,7 +502,9 @@ class VLLMSim(SimBehaviour):
         keys = facts["spec_keys"] if facts else {k for k, span in SPEC_KEYS.items() if span.contains(version)}
         bad = [k for k in cfg if k not in keys]
         if bad:
-            raise SimReject(f"{head}{bad[0]}\n  Extra inputs are not permitted [type=extra_forbidden]", 1)
+            v = cfg[bad[0]]
+            raise SimReject(f"{head}{bad[0]}\n  Unexpected keyword argument [type=unexpected_keyword_argument, "
+                            f"input_value={v!r}, input_type={type(v).__name__}]", 1)
         method = cfg.get("method")
         if facts and method is not None and method not in facts["spec_methods"]:
             allowed = ", ".join(repr(m) for m in sorted(facts["spec_methods"]))
@@ -496,7 +529,8 @@ class VLLMSim(SimBehaviour):
                 f"[00:{int(i * t_graph):02d}<00:00]")
 
     def graphs_done(self, load_s):
-        return f"INFO [gpu_model_runner.py:3480] Graph capturing finished in {int(0.3 * load_s)} secs"
+        return _record("Worker_TP0", 4100, "INFO", "gpu_model_runner.py:3480",
+                       f"Graph capturing finished in {int(0.3 * load_s)} secs")
 
     def crash_log(self, version, model, k, tp):
         ts = time.strftime("%m-%d %H:%M:%S")
@@ -555,6 +589,11 @@ def _whitelist_check(model: str | None, head: str) -> None:
                         "input_value=ArgsKwargs((), {'method':..., _api_process_rank=0)}), input_type=ArgsKwargs]", 1)
 
 
+def _record(proc: str, pid: int, level: str, where: str, msg: str) -> str:
+    """One vLLM log record as V1 prints it: ``(Proc pid=N) LEVEL MM-DD HH:MM:SS [file.py:line] message``."""
+    return f"({proc} pid={pid}) {level} {time.strftime('%m-%d %H:%M:%S')} [{where}] {msg}"
+
+
 CRASH_LOG = (
     "(EngineCore_DP0 pid={core}) INFO {ts} [core.py:97] Initializing a V1 LLM engine (v{version}) with config: "
     "model='{model}', speculative_config=SpeculativeConfig(method='eagle3', num_spec_tokens={k})\n"
@@ -567,6 +606,13 @@ CRASH_LOG = (
     "exception in a background process. See stack trace for root cause.\n"
     "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
     "{{'EngineCore_DP0': 1}}\n")
+
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)
+FINISH_REASONS = ("stop", "length", "abort", "error")  # 0.32.0 adds "repetition" (0.16.0 lacks it)
 
 
 class _VLLMSimMetrics:
@@ -591,12 +637,15 @@ class _VLLMSimMetrics:
                                registry=r)
         self.m_kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", lab,
                           registry=r)
-        self.m_ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token.", lab,
-                                registry=r, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-        self.m_itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency.", lab,
-                               registry=r, buckets=(0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 1))
+        # help and buckets as vLLM 0.16.0 and 0.32.0 define them (v1/metrics/loggers.py)
+        self.m_ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                                lab, registry=r, buckets=TTFT_BUCKETS)
+        self.m_itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                               lab, registry=r, buckets=ITL_BUCKETS)
         for c in (self.m_drafts, self.m_draft_tokens, self.m_accepted, self.m_gen, self.m_prompt):
             c.labels(**self.lv)
+        for reason in FINISH_REASONS:  # every reason is exported from the start, at 0
+            self.m_success.labels(finished_reason=reason, **self.lv)
         for p in range(k):
             self.m_pos.labels(position=str(p), **self.lv)
         for g in (self.m_running, self.m_waiting, self.m_kv):

@@ -50,6 +50,7 @@ def parse_argv(engine: str, version: str, argv: list[str]) -> dict:
         raise ArgError(sb.usage)
     opts: dict = {"model": argv[len(head)]} if sb.positional_model else {}
     rest, prog = argv[len(head) + int(sb.positional_model):], sb.prog
+    usage = sb.usage + "\n" if sb.usage_on_error else ""
     i = 0
     unknown = []
     while i < len(rest):
@@ -71,13 +72,14 @@ def parse_argv(engine: str, version: str, argv: list[str]) -> dict:
             i += 1
         else:
             if i + 1 >= len(rest):
-                raise ArgError(f"{prog}: error: argument {flag}: expected one argument")
+                raise ArgError(f"{usage}{prog}: error: argument {flag}: expected one argument")
             opts[key] = rest[i + 1]
             i += 2
         if flag in sb.int_flags and not str(opts[key]).lstrip("-").isdigit():
-            raise ArgError(f"{prog}: error: argument {flag}: invalid int value: '{opts[key]}'")
+            kind = sb.int_type_names.get(flag, "int")
+            raise ArgError(f"{usage}{prog}: error: argument {flag}: invalid {kind} value: '{opts[key]}'")
     if unknown:
-        raise ArgError(f"{prog}: error: unrecognized arguments: {' '.join(unknown)}")
+        raise ArgError(f"{sb.unknown_prog or prog}: error: unrecognized arguments: {' '.join(unknown)}")
     spec = sb.spec(version, opts, facts)
     if spec is not None:
         opts["spec"] = spec
@@ -195,8 +197,8 @@ def make_handler(sim: Sim):
             if not self._authorized():
                 return
             if path == "/v1/models":
-                return self._send(200, {"object": "list", "data": [{"id": sim.served, "object": "model",
-                                                                    "owned_by": sim.engine, "root": sim.served}]})
+                card = sim.behaviour.model_card(sim.served, sim.opts, sim.engine)
+                return self._send(200, {"object": "list", "data": [card]})
             if path == "/version":
                 return self._send(200, {"version": sim.version})
             return self._send(404, {"detail": "Not Found"})
@@ -231,7 +233,7 @@ def make_handler(sim: Sim):
             toks, _ = sim.generate(ptoks, int(req.get("max_tokens") or 64))
             text = " ".join(toks)
             usage = {"prompt_tokens": ptoks, "completion_tokens": len(toks), "total_tokens": ptoks + len(toks)}
-            rid = f"cmpl-{random.getrandbits(48):x}"
+            rid = f"{sim.behaviour.id_prefix(path)}{random.getrandbits(64):016x}"
             if path.endswith("chat/completions"):
                 body = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": sim.served,
                         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -267,13 +269,17 @@ def run(engine: str, version: str, argv: list[str]) -> int:
         opts = parse_argv(engine, version, argv)
     except ArgError as exc:
         print(str(exc), file=sys.stderr, flush=True)
-        return getattr(exc, "status", 2)
+        return exc.exit_code
     sim = Sim(engine, version, opts)
     host, port = opts.get("host", "127.0.0.1"), int(opts.get("port", get(engine).default_port))
     tp = int(opts.get(sim.behaviour.tp_option) or 1)
     print(f"specdeploy engine simulator: {engine} {version} (no GPU; for demos and tests) model={sim.served} "
           f"tp={tp} speculative={'k=%d' % sim.k if sim.k else 'off'}", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # as PID 1 in a container, too
+    def on_term(*_):  # as PID 1 in a container, too
+        for line in sim.behaviour.shutdown_lines(os.getpid()):
+            print(line, flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
     load_progress(engine, sim.load_s)
     if os.environ.get("SPECDEPLOY_SIM_CRASH") == "load":
         sys.stderr.write(sim.behaviour.crash_log(version, sim.served, sim.k, tp))
@@ -283,7 +289,8 @@ def run(engine: str, version: str, argv: list[str]) -> int:
     server = ThreadingHTTPServer((host, port), make_handler(sim))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     sim.ready = True
-    print(f"INFO:     Application startup complete. Uvicorn running on http://{host}:{port}", flush=True)
+    for line in sim.behaviour.ready_lines(host, port, os.getpid()):
+        print(line, flush=True)
     t_ready = time.monotonic()
     try:
         while True:

@@ -85,6 +85,9 @@ SHUT_HINT = re.compile(r"[Ss]hut|SIG|[Ss]ignal|Stopping|Keyboard|terminated|Grac
 ERROR_LEVELS = ("ERROR", "CRITICAL", "FATAL")
 ERRORISH = re.compile(r"(?i)\b(?:error|errno|failed|failure|cannot|can't|unable|refused|denied|invalid|not found|"
                       r"no such|timed out|out of memory|not supported|unsupported)\b")
+# one request refused with a client error (vLLM logs them at ERROR: `Error with model error=ErrorInfo(message='The
+# model `x` does not exist. ...', type='NotFoundError', param='model', code=404)`): the engine answered and serves on
+REQUEST_ERROR = re.compile(r"ErrorInfo\(.*\bcode=4\d\d\)\s*$")
 NOT_A_MESSAGE = re.compile(r"^(?:\s|\^|~|-{3,}|={3,}|Traceback|File )|^\W*$")
 
 
@@ -187,7 +190,7 @@ def _stream(body, out: list[Evidence]) -> None:
                         pending = found          # the caught exception is on the next line
                     break
         if found is None and r.level in ERROR_LEVELS and not continuation and not NOT_A_MESSAGE.search(r.text) \
-                and ERRORISH.search(t) and not generic(t) and not DUMP.search(t):
+                and ERRORISH.search(t) and not generic(t) and not DUMP.search(t) and not REQUEST_ERROR.search(t):
             found = Evidence("error-line", "logged", t[:2000], r, i)
         if found is not None:
             found.generic = generic(found.text) and found.kind != "kill"
