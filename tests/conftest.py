@@ -32,10 +32,12 @@ def example_inv(tmp_path) -> Path:
 def pytest_collection_modifyitems(config, items):
     """The sandbox tests share the machine's sandbox hosts (one fleet at a time): under pytest-xdist
     (`-n 2 --dist loadgroup`, as .ci/run runs) they all go to one worker, in order, while the other worker
-    runs the rest."""
+    runs the rest. The real-engine tests form a group of their own, so no two real engines load at once."""
     for item in items:
         if item.get_closest_marker("sandbox"):
             item.add_marker(pytest.mark.xdist_group("sandbox"))
+        elif item.get_closest_marker("realengine"):  # one real engine at a time, beside the sandbox fleet
+            item.add_marker(pytest.mark.xdist_group("realengine"))
 
 
 _WORKER_COUNTS: list[dict] = []
