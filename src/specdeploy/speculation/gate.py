@@ -92,6 +92,13 @@ def decide(levels: list[dict], k: int, margin: float = 0.10) -> tuple[str | None
     if not measured:
         return None, None, "nothing measured: no level has both a speculative and a baseline throughput"
     speedup = statistics.mean(lv["speedup"] for lv in measured)
+    als = [lv["acceptance_length"] for lv in measured if lv.get("acceptance_length") is not None]
+    if als and max(als) <= 1.0:
+        # No draft token was accepted at any level: every step yields the one token a plain decode yields, and
+        # pays for the drafter and a wider verify on top. A faster measured run is noise (the machine's load
+        # between the two runs), not speculation.
+        return "disable", None, (f"no draft token accepted (acceptance length {max(als):.2f}): speculation cannot "
+                                 f"pay; the measured {speedup:.2f}x is noise between the runs")
     preds: dict[int, list[float]] = {}
     for lv in measured:
         if lv.get("per_position") and lv.get("step_ratio"):

@@ -320,3 +320,14 @@ def test_an_empty_api_key_file_is_refused(tmp_path):
         eng.close()
     assert r.returncode == 2 and "--api-key-file" in r.stderr and f"{key} is empty" in r.stderr, r.stderr
     assert eng.auth == []  # refused before anything was sent without authentication
+
+
+def test_no_accepted_draft_disables_whatever_the_throughput_says():
+    """Acceptance length 1 (no draft token accepted) cannot pay: a higher measured throughput is load noise between
+    the baseline and the speculative run (seen on the real vLLM 0.32 CPU build: 2.26x with a random drafter)."""
+    from specdeploy.speculation.gate import decide
+    lv = [{"speedup": 2.26, "acceptance_length": 1.0, "per_position": [0.0, 0.0], "step_ratio": 0.44}]
+    verdict, k, why = decide(lv, 2)
+    assert verdict == "disable" and k is None and "no draft token accepted" in why
+    lv[0]["acceptance_length"] = 1.6  # one accepted draft token in 0.6 steps: the throughput decides again
+    assert decide(lv, 2)[0] == "keep"
