@@ -16,191 +16,28 @@ from specdeploy.engines.base import (
     EngineAdapter,
     Health,
     Metrics,
-    MiB,
     SimBehaviour,
     SimReject,
-    Span,
     dumps_compact,
 )
-
-VERSIONS = (
-    "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2",
-    "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1",
-    "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
+from specdeploy.engines.vllm_tables import (  # noqa: F401 (re-exported: the adapter's tables)
+    VERSIONS,
+    CAPABILITIES,
+    SPEC_KEYS,
+    FLAGS,
+    CUSTOM_AR_WORLD_SIZES,
+    CUSTOM_AR_MAX,
+    CUSTOM_AR_MAX_WITH_SYMM_MEM,
+    SYMM_MEM_MAX,
+    SYMM_MEM_INCLUSIVE,
+    FI_FUSION,
+    FI_FUSION_MAX,
+    LOAD_FORMATS,
+    DRAFTER,
+    SPEC_METHODS,
+    KIMI_EAGLE3_PATCHES,
+    IMAGE_CUDA,
 )
-
-CAPABILITIES = {
-    # Kimi-K2.5/DeepSeek as EAGLE-3 target without patches (whitelist, media_placeholder_token_id,
-    # SupportsEagle3 on DeepseekV2ForCausalLM and KimiK25ForConditionalGeneration).
-    "kimi_eagle3_upstream": Span("0.18.0"),
-    # The speculative config's hard-coded EAGLE-3 target model_type list.
-    "eagle3_target_whitelist": Span(None, "0.22.0"),
-    # Eagle3DeepseekV2/V3ForCausalLM (MLA drafter heads).
-    "mla_eagle3_drafter": Span("0.18.0"),
-    # VLLM_API_KEY: the key reaches the engine through its environment (a 0600 env file), not its argv.
-    "api_key_env": Span(),
-}
-
-# Speculative-config keys a user may set, with the versions that accept them. Internal fields
-# (target_model_config, draft_parallel_config, ...) are not listed. Contract tests check this table
-# against SpeculativeConfig of every tested release.
-SPEC_KEYS = {
-    **{k: Span() for k in (
-        "method", "model", "num_speculative_tokens", "draft_tensor_parallel_size", "quantization",
-        "max_model_len", "revision", "code_revision", "enforce_eager", "disable_padded_drafter_batch",
-        "parallel_drafting", "prompt_lookup_max", "prompt_lookup_min", "suffix_decoding_max_cached_requests",
-        "suffix_decoding_max_spec_factor", "suffix_decoding_max_tree_depth", "suffix_decoding_min_token_prob")},
-    "disable_by_batch_size": Span(None, "0.17.0"),
-    "speculative_token_tree": Span(None, "0.21.0"),
-    "draft_load_config": Span("0.17.0"),
-    "use_local_argmax_reduction": Span("0.17.0"),
-    "rejection_sample_method": Span("0.18.0"),
-    "num_speculative_tokens_per_batch_size": Span("0.24.0"),
-    # Present in 0.33.0; the first release is not pinned down, so only 0.33.0 is claimed.
-    **{k: Span("0.33.0") for k in (
-        "attention_backend", "moe_backend", "kv_cache_dtype", "disable_eagle_block_drop",
-        "disable_lookahead_block_hashes", "draft_lm_head_quantization", "use_heterogeneous_vocab",
-        "index_share_for_mtp_iteration", "draft_sample_method", "synthetic_acceptance_rates",
-        "synthetic_acceptance_length")},
-}
-
-FLAGS = {
-    **{f: Span() for f in (
-        "--served-model-name", "--host", "--port", "--tensor-parallel-size", "--enable-expert-parallel",
-        "--max-model-len", "--gpu-memory-utilization", "--trust-remote-code", "--attention-backend",
-        "--disable-custom-all-reduce", "--speculative-config", "--kv-cache-dtype", "--max-num-seqs",
-        "--max-num-batched-tokens", "--enable-prefix-caching", "--tool-call-parser", "--reasoning-parser",
-        "--enable-auto-tool-choice", "--mm-encoder-tp-mode", "--limit-mm-per-prompt",
-        "--compilation-config", "--data-parallel-size", "--enable-eplb", "--load-format",
-        "--enforce-eager")},
-    "--language-model-only": Span("0.17.0"),
-}
-
-# All-reduce paths in front of NCCL, read from vllm/distributed/device_communicators/ (cuda_communicator.py
-# tries custom all-reduce, then torch symmetric memory, then pynccl) and the all-reduce + RMSNorm fusion pass.
-# The SM90/SM100 tables are the same in every release read (0.16.0, 0.18.0, 0.22.0, 0.27.0, 0.33.0).
-CUSTOM_AR_WORLD_SIZES = ((Span(None, "0.27.0"), (2, 4, 6, 8)), (Span("0.27.0"), (2, 4, 6, 8, 16)))
-CUSTOM_AR_MAX = 8192 * 1024  # CustomAllreduce(max_size=...); should_custom_ar: size < max_size
-# CUSTOM_ALL_REDUCE_MAX_SIZES: the custom all-reduce's cap while the symmetric-memory communicator is active.
-CUSTOM_AR_MAX_WITH_SYMM_MEM = {
-    "9.0": {2: 64 * MiB, 4: 32 * MiB, 6: MiB // 2, 8: MiB // 4},
-    "10.0": {2: 2 * MiB, 4: 2 * MiB, 6: MiB, 8: MiB},
-}
-# SYMM_MEM_ALL_REDUCE_MAX_SIZES; VLLM_ALLREDUCE_USE_SYMM_MEM defaults to 1; the communicator disables itself
-# when the rendezvous gives no multicast pointer (no NVSwitch multicast).
-SYMM_MEM_MAX = {
-    "9.0": {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB},
-    "10.0": {2: 8 * MiB, 4: 32 * MiB, 6: 128 * MiB, 8: 128 * MiB},
-}
-# size < max in 0.16.0 to 0.18.0, size <= max in 0.22.0, 0.27.0 and 0.33.0 (0.18.1 to 0.21 not read).
-SYMM_MEM_INCLUSIVE = Span("0.22.0")
-# FlashInfer all-reduce + RMSNorm fusion: on by default (-O2) from 0.17.0 on SM90/SM100 with TP > 1 (no DP/PP);
-# off in 0.16.0. FI_ALLREDUCE_FUSION_MAX_SIZE_MB. It needs the compiled model (not --enforce-eager).
-FI_FUSION = Span("0.17.0")
-FI_FUSION_MAX = {
-    "9.0": {2: 64 * MiB, 4: 2 * MiB, 8: MiB // 2},
-    "10.0": {2: 64 * MiB, 4: 32 * MiB, 8: MiB},
-}
-
-# --load-format choices that load a safetensors checkpoint (model_loader's format table in each release).
-LOAD_FORMATS = {
-    **{f: Span() for f in ("auto", "safetensors", "fastsafetensors", "runai_streamer", "runai_streamer_sharded")},
-    "instanttensor": Span("0.18.0"),
-}
-
-# How vLLM loads an EAGLE-3 drafter (transformers_utils/configs/eagle.py, speculators/{base,algos}.py,
-# models/{llama,deepseek}_eagle3.py, v1 gpu_model_runner aux-layer lookup), read from the 0.16.0, 0.18.0,
-# 0.22.0, 0.27.0 and 0.33.0 sources. The doctor (drafter/) consults this table.
-DRAFTER = {
-    # The speculators format (transformer_layer_config + speculators_config) loads as it is.
-    "reads_speculators": True,
-    # The key whose ids this engine reads first, and in whose numbering (input of layer L).
-    "aux_key": "eagle_aux_hidden_state_layer_ids",
-    # What `drafter convert` writes as the architecture per drafter format (None: no conversion exists).
-    "convert_archs": {"llama": "LlamaForCausalLMEagle3", "mla": None},
-    # For method eagle3 an architecture X becomes "Eagle3" + X unless its name already starts or ends
-    # with Eagle3; the result must be one of these registry entries.
-    "eagle3_prefix": True,
-    "archs": {
-        "Eagle3LlamaForCausalLM": Span(), "LlamaForCausalLMEagle3": Span(),
-        "Eagle3Qwen2_5vlForCausalLM": Span(), "Eagle3Qwen3vlForCausalLM": Span(),
-        "Eagle3DeepseekV2ForCausalLM": Span("0.18.0"), "Eagle3DeepseekV3ForCausalLM": Span("0.18.0"),
-        "Eagle3MiniMaxM2ForCausalLM": Span("0.20.0"),  # in 0.20.0, absent in 0.19.0
-        "Eagle3Qwen3ForCausalLM": Span("0.27.0"),  # in 0.27.0, absent in 0.22.0
-    },
-    # speculators configs: transformer_layer_config.model_type -> drafter class
-    "speculators_model_types": {"llama": Span(), "qwen3": Span("0.27.0")},
-    # The speculators loader defaults norm_before_residual to True, the flat loader to False.
-    "speculators_norm_before_residual_default": True,
-    # Top-level eagle_aux_hidden_state_layer_ids, in vLLM numbering (input of layer L), always read first.
-    # Without it, 0.22.0 and later read eagle_config.eagle_aux_hidden_state_layer_ids AS vLLM numbers (no +1);
-    # 0.16.0 and 0.18.0 ignore the nested key and use the default (2, n//2, n-3). Releases in between are
-    # not pinned down.
-    "aux_nested_read_as_is": Span("0.22.0"),
-    "aux_nested_ignored": Span(None, "0.18.1"),
-    # Llama and MLA drafters build num_hidden_layers decoder layers (layer 0 takes 2*hidden inputs): no
-    # "mla_max_layers" and no "llama_multi_layer" limit.
-    # A checkpoint without lm_head gets the target's lm_head (EagleProposer._maybe_share_lm_head).
-    "shares_missing_lm_head": Span(),
-    # The loader renames midlayer.* to layers.0.*; both layouts load (see llama_multi_layer in sglang.py).
-    # --- the Llama EAGLE-3 head the loader builds (models/llama_eagle3.py), read in 0.16.0, 0.17.0, 0.17.1,
-    # 0.18.0, 0.18.1, 0.19.0, 0.20.0, 0.21.0, 0.22.0 and 0.33.0 ---
-    # Config switches: switch -> {where it is read: (releases that read it there, releases that do not)}.
-    # "top" is the flat config's top level, "eagle_config" its nested dict, "speculators" a speculators
-    # config's top level as the speculators loader passes it on (transformers_utils/configs/speculators/algos.py).
-    # A release in neither span was not read.
-    "switches": {
-        # eagle_config.use_aux_hidden_state False: no fc is built (fc.* skipped) and the target captures no aux
-        # states (EagleProposer reads the same key).
-        "use_aux_hidden_state": {"eagle_config": (Span(), None)},
-        # norm_before_fc: an RMSNorm input_norm over the fused aux states, before fc; input_norm.* is skipped
-        # when it is off (0.18.0 on). 0.16.0 to 0.17.1 build no input_norm.
-        "norm_before_fc": {"top": (Span("0.18.0"), Span(None, "0.18.0")),
-                           "eagle_config": (Span("0.22.0"), Span(None, "0.22.0")),
-                           "speculators": (Span("0.19.0"), Span(None, "0.19.0"))},
-        # fc_norm: one RMSNorm per aux state (fc_norm.K), before fc.
-        "fc_norm": {"top": (Span("0.22.0"), Span(None, "0.22.0")),
-                    "speculators": (Span("0.33.0"), Span(None, "0.23.0"))},
-        # norm_output: the hidden state carried to the next draft step is the normed one.
-        "norm_output": {"top": (Span("0.22.0"), Span(None, "0.22.0")),
-                        "speculators": (Span("0.33.0"), Span(None, "0.23.0"))},
-    },
-    # fc fuses len(eagle_config.eagle_aux_hidden_state_layer_ids) states (else 3); before, always 3.
-    "aux_count_from_ids": Span("0.22.0"),
-    # attention_bias: q/k/v/o projections carry biases (LlamaAttention builds o_proj's bias too).
-    "attention_bias": Span(),
-    # Parameters a drafter class adds to each decoder layer beyond the Llama head's (Qwen3 layers norm q and k
-    # per head); a checkpoint without them leaves them uninitialised.
-    "layer_extras": {"Eagle3Qwen3ForCausalLM": ("self_attn.q_norm.weight", "self_attn.k_norm.weight")},
-    "speculators_classes": {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"},
-    # Eagle3LlamaForCausalLM.load_weights prepends "model." to every name but lm_head (and d2t's), so a checkpoint
-    # name that already has it (model.layers.0...) reaches no parameter (read in 0.16.0 and 0.32.0).
-    "keeps_model_prefix": Span(),
-    # From 0.26.0 the head's LlamaModel loads through AutoWeightsLoader, which skips a .bias it has no parameter
-    # for (ignore_unexpected_suffixes); 0.16.0 to 0.24.0 look it up in params_dict (KeyError). 0.25 not read.
-    "unknown_bias_dropped": Span("0.26.0"),
-    # A checkpoint tensor the head has no parameter for: the loader raises (KeyError from LlamaModel's
-    # params_dict until 0.22.0, ValueError "There is no module or parameter named" from AutoWeightsLoader
-    # later); the load fails.
-    "unknown_tensor_raises": Span(),
-    # No parameter is checked for being loaded: one the checkpoint lacks stays uninitialised.
-    "missing_tensor_uninitialised": Span(),
-    # fc is built only when use_aux_hidden_state is on, and fc.* is then skipped; input_norm.* is skipped when
-    # norm_before_fc is off from 0.18.0 (before, no input_norm exists and the name is unknown).
-    "fc_always_built": False,
-    "skips_unbuilt_input_norm": Span("0.18.0"),
-    # tie_word_embeddings is not read by the EAGLE-3 head (it always builds its own lm_head).
-}
-
-SPEC_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
-
-
-# Patches for Kimi-K2.5 / DeepSeek EAGLE-3 before 0.18.0 (see specdeploy.engines.patches.vllm).
-KIMI_EAGLE3_PATCHES = ("vllm-eagle3-target-whitelist", "vllm-kimi-image-token", "vllm-deepseek-supports-eagle3")
-
-# CUDA of the official image per release (``ARG CUDA_VERSION=`` in the sdist's docker/Dockerfile).
-IMAGE_CUDA = {"0.16.0": "12.9.1", "0.18.0": "12.9.1", "0.19.0": "12.9.1", "0.20.0": "13.0.2", "0.21.0": "13.0.2",
-              "0.24.0": "13.0.2", "0.28.0": "13.0.3", "0.33.0": "13.0.3"}
 
 
 class VLLM(EngineAdapter):
