@@ -17,7 +17,9 @@ sandbox_app = typer.Typer(no_args_is_help=True, help="Real Debian sandbox hosts 
 def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
            inventory: Path = typer.Option(Path("inventory/sandbox"), "--inventory", help="inventory to write"),
            engine: str = typer.Option(DEFAULT_ENGINE, "--engine"),
-           runtime: str = typer.Option("docker", "--runtime", help="docker (the production runtime) or venv")):
+           runtime: str = typer.Option("docker", "--runtime", help="docker (the production runtime) or venv"),
+           real_engine: str = typer.Option("", "--real-engine", help="a vLLM version whose CPU build serves instead "
+                                           "of the simulator (0.32.0: EAGLE-3 runs on the CPU; venv runtime)")):
     """Boot N hosts (debootstrap cached), write an inventory pointing at them."""
     from rich.console import Console
 
@@ -26,12 +28,19 @@ def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
     if runtime not in ("docker", "venv"):
         error("--runtime", f"'{runtime}'", "use docker or venv")
     known_engine(engine)
+    if real_engine:
+        from specdeploy.testing import realengine
+        if real_engine not in realengine.RECIPES:
+            error("--real-engine", f"'{real_engine}'", f"use one of {', '.join(realengine.RECIPES)}")
+        if engine != "vllm":
+            error("--engine", f"'{engine}' with --real-engine", "only vLLM's CPU build runs here: --engine vllm")
+        runtime = "venv"
     try:
         with con.status("sandbox") as st:
-            hs = sandbox.up(hosts, progress=lambda m: (st.update(m), con.log(m)))
+            hs = sandbox.up(hosts, progress=lambda m: (st.update(m), con.log(m)), real_engine=real_engine or None)
             st.update("drafter artifact")
             sandbox.artifacts()
-            sandbox.write_inventory(hs, inventory, engine, runtime)
+            sandbox.write_inventory(hs, inventory, engine, runtime, real_engine=real_engine or None)
     except SpecdeployError as exc:
         fail(exc)
     for h in hs:

@@ -115,6 +115,13 @@ class HostVars(BaseModel):
         "environment on the host.")
     specdeploy_venv_path: str = Field(
         HOST_PATHS["venv"], description="The Python environment used by the `venv` runtime.")
+    specdeploy_engine_venv_path: str | None = Field(
+        None, description="The engine's own Python environment for the `venv` runtime, where it is not "
+        "specdeploy's (`specdeploy_venv_path`, which keeps the exporter and the tools): e.g. an engine build "
+        "installed apart. Default: `specdeploy_venv_path`.")
+    specdeploy_sandbox_engine: Literal["simulator", "real"] = Field(
+        "simulator", description="On a sandbox host (`specdeploy_sandbox`): the engine simulator, or `real`, the "
+        "engine itself from `specdeploy_engine_venv_path` (the vLLM CPU build; the `venv` runtime).")
     specdeploy_image: str | None = Field(
         None, description="Engine image to run with the `docker` runtime; default: the image `build.yml` tags.")
     specdeploy_hardware: Literal[PROFILE_NAMES] = Field(  # type: ignore[valid-type]
@@ -223,7 +230,8 @@ class HostVars(BaseModel):
     def _env_names(cls, v):
         return env_names(v)
 
-    @field_validator("specdeploy_model_path", "specdeploy_drafter_path", "specdeploy_venv_path")
+    @field_validator("specdeploy_model_path", "specdeploy_drafter_path", "specdeploy_venv_path",
+                     "specdeploy_engine_venv_path")
     @classmethod
     def _absolute_path(cls, v: str | None) -> str | None:
         if v is None:
@@ -263,7 +271,17 @@ class HostVars(BaseModel):
     def _cross_field(self):
         if self.specdeploy_hardware == "custom" and self.specdeploy_hardware_custom is None:
             raise ValueError("specdeploy_hardware_custom is required when specdeploy_hardware is 'custom'")
+        if self.specdeploy_sandbox_engine == "real" and not (
+                self.specdeploy_sandbox and self.specdeploy_runtime == "venv" and self.specdeploy_engine_venv_path):
+            raise ValueError("specdeploy_sandbox_engine 'real' runs the engine from specdeploy_engine_venv_path on a "
+                             "sandbox host: it needs specdeploy_sandbox: true, specdeploy_runtime: venv and "
+                             "specdeploy_engine_venv_path")
         return self
+
+    @property
+    def engine_venv(self) -> str:
+        """The Python environment the `venv` runtime runs the engine from."""
+        return self.specdeploy_engine_venv_path or self.specdeploy_venv_path
 
     @property
     def drafter_source(self) -> str:

@@ -106,7 +106,8 @@ def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan
         exec_argv=exp_argv, engine_unit=unit, user=SERVICE_USER, state_dir=STATE_DIR)
     return HostPlan(
         host=host, engine=hv.specdeploy_engine, version=hv.specdeploy_engine_version,
-        runtime=hv.specdeploy_runtime + ("+simulator" if hv.specdeploy_sandbox else ""), tp=hv.tp,
+        runtime=hv.specdeploy_runtime + ("+simulator" if hv.specdeploy_sandbox
+                                         and hv.specdeploy_sandbox_engine == "simulator" else ""), tp=hv.tp,
         spec=hv.specdeploy_spec_enabled, nccl_source=nccl_source, engine_unit=unit,
         exporter_unit="specdeploy-exporter.service", argv=cmd.argv, env=env, image=image,
         drafter_path=converted_drafter_path(hv), files=files,

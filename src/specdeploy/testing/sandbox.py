@@ -342,15 +342,34 @@ def _check_owner(h: SandboxHost):
             f"stop it first: SPECDEPLOY_SANDBOX_STATE={owner.get('state')} specdeploy sandbox down")])
 
 
-def up(n: int = 2, progress=None) -> list[SandboxHost]:
+def real_engine_binds(version: str, progress=None) -> list[str]:
+    """What a sandbox host needs from the controller to run the real vLLM ``version`` (the CPU build): its venv
+    (built once, content-keyed) and the interpreter it was made from, both read-only at their own paths, so the
+    venv's scripts and its pyvenv.cfg resolve inside the host as they do here. No package mirror is involved."""
+    from specdeploy.testing import realengine
+    venv = realengine.venv(version, progress)
+    home = next((ln.split("=", 1)[1].strip() for ln in (venv / "pyvenv.cfg").read_text().splitlines()
+                 if ln.split("=", 1)[0].strip() == "home"), None)
+    if not home:
+        raise SpecdeployError([Finding("error", str(venv / "pyvenv.cfg"), "no home = line: not a venv",
+                                       "remove the venv and build it again (python -m specdeploy.testing."
+                                       "realengine build " + version + ")")])
+    prefix = Path(home).resolve().parent
+    return [str(venv), str(prefix)]
+
+
+def up(n: int = 2, progress=None, real_engine: str | None = None) -> list[SandboxHost]:
     """Boot N hosts (or keep those already running). One ``up`` or ``down`` at a time on this machine: a second
-    one waits for the first (a lock), then finds its hosts running."""
+    one waits for the first (a lock), then finds its hosts running. ``real_engine``: a vLLM version whose CPU
+    build the hosts can run (its venv and interpreter bound read-only into each host)."""
     _require_root()
+    binds = real_engine_binds(real_engine, progress) if real_engine else []
     with _cache.locked(SANDBOX_LOCK, "sandbox up/down", progress):
-        return _up(n, progress)
+        return _up(n, progress, binds)
 
 
-def _up(n: int, progress=None) -> list[SandboxHost]:
+def _up(n: int, progress=None, binds: list[str] | None = None) -> list[SandboxHost]:
+    binds = list(binds or [])
     lower = rootfs(progress)
     base = base_image(lower, progress)
     key, pub = keypair()
@@ -363,6 +382,10 @@ def _up(n: int, progress=None) -> list[SandboxHost]:
         _check_owner(h)
         _net_up(h)
         if _pid(h):
+            had = json.loads((h.dir / "binds.json").read_text()) if (h.dir / "binds.json").is_file() else []
+            if not set(binds) <= set(had):
+                raise SpecdeployError([Finding("error", h.name, "runs without the real engine's venv bound in",
+                                               "specdeploy sandbox down, then up again with the real engine")])
             continue
         merged = _overlay(h, lower)
         (merged / "etc/hostname").write_text(h.name + "\n")
@@ -374,11 +397,16 @@ def _up(n: int, progress=None) -> list[SandboxHost]:
             f"{x.address} {x.name}\n" for x in hosts))
         docker_dir = h.dir / "docker"  # on the controller's disk (ext4), for overlay2
         docker_dir.mkdir(exist_ok=True)
+        for b in binds:
+            # the engine's service user reaches an interpreter under /root only if it may pass through /root
+            if b.startswith("/root/"):
+                os.chmod(merged / "root", 0o711)
+        (h.dir / "binds.json").write_text(json.dumps(binds))
         log = open(h.dir / "console.log", "ab")
         p = subprocess.Popen(["systemd-nspawn", "--register=no", "--keep-unit", "-q", "-b", "-D", str(merged),
                               f"--network-namespace-path=/run/netns/{h.netns}", f"--machine={h.name}",
                               f"--hostname={h.name}", *NSPAWN_DOCKER, f"--bind={docker_dir}:/var/lib/docker",
-                              f"--bind-ro={base}:{BASE_IMAGE_IN_HOST}"],
+                              f"--bind-ro={base}:{BASE_IMAGE_IN_HOST}", *(f"--bind-ro={b}" for b in binds)],
                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         (h.dir / "nspawn.pid").write_text(str(p.pid))
         HOSTS_RUN.mkdir(parents=True, exist_ok=True)
@@ -453,9 +481,11 @@ def down(progress=None):
 
 
 def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = DEFAULT_ENGINE,
-                    runtime: str = "docker") -> Path:
+                    runtime: str = "docker", real_engine: str | None = None, target: str = "deepseek_v3") -> Path:
     """inventory/sandbox: the hosts above as engine hosts (the first also runs the router and Prometheus).
-    ``docker`` (the production runtime) runs the engine image built on each host; ``venv`` the host venv."""
+    ``docker`` (the production runtime) runs the engine image built on each host; ``venv`` the host venv.
+    ``real_engine``: the real vLLM of that version serves instead of the simulator (the venv runtime, from the
+    venv ``up`` bound in), a tiny real ``target`` (``testing/tinymodels``) with its good EAGLE-3 drafter."""
     key, _ = keypair()
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "group_vars").mkdir(exist_ok=True)
@@ -490,12 +520,32 @@ def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = DEFAULT_
         "specdeploy_router": "sglang-router" if len(hosts) > 1 else "none",
         "specdeploy_engine_env": {"SPECDEPLOY_SIM_LOAD_SECONDS": "3", "SPECDEPLOY_SIM_STEP_MS": "5"},
     }
-    if runtime == "docker":
+    if real_engine:
+        gv.update(real_engine_vars(real_engine, target))
+    elif runtime == "docker":
         gv["engine_image_sandbox_base"] = base_image_tag(rootfs_path())
     (dest / "group_vars" / "specdeploy_engines.yml").write_text(
         "---\n# Written by `specdeploy sandbox up`; edit freely (e.g. specdeploy_engine: sglang).\n"
         + yaml.safe_dump(gv, sort_keys=False))
     return dest
+
+
+def real_engine_vars(version: str, target: str = "deepseek_v3") -> dict:
+    """The variables of a sandbox host that serves a tiny real ``target`` with the real vLLM ``version``: the
+    CPU build's needs (its KV-cache size, eager mode, a short context, one rank) through the ordinary variables."""
+    from specdeploy.testing import realengine, tinymodels
+    return {
+        "specdeploy_runtime": "venv", "specdeploy_sandbox_engine": "real", "specdeploy_engine": "vllm",
+        "specdeploy_engine_version": version, "specdeploy_engine_venv_path": str(realengine.venv(version)),
+        "specdeploy_hardware": "h200_nvl8", "specdeploy_tensor_parallel_size": 1,
+        "specdeploy_model_path": f"/models/tiny-{target}",
+        "specdeploy_model_controller_path": str(tinymodels.target(target)),
+        "specdeploy_drafter_path": f"/models/tiny-{target}-eagle3",
+        "specdeploy_drafter_controller_path": str(tinymodels.drafter(target, "good")),
+        "specdeploy_served_model_name": f"tiny-{target}", "specdeploy_spec_num_tokens": 1,
+        "specdeploy_max_model_len": 512, "specdeploy_engine_extra_args": ["--max-num-seqs", "4", "--enforce-eager"],
+        "specdeploy_engine_env": realengine.env(version), "specdeploy_router": "none",
+    }
 
 
 ARTIFACT_MODEL = "kimi-k2.5-int4"

@@ -65,13 +65,13 @@ def exec_argv(hv: HostVars, argv: list[str], image: str | None, secret_env: bool
     ``secret_env``: the engine takes its API key from the environment (a second, 0600 env file)."""
     engine = hv.specdeploy_engine
     if hv.specdeploy_runtime == "venv":
-        if hv.specdeploy_sandbox:
+        if hv.specdeploy_sandbox and hv.specdeploy_sandbox_engine == "simulator":
             # The sandbox has no GPUs: the engine simulator takes the same command line.
             return [f"{hv.specdeploy_venv_path}/bin/specdeploy", "simulate", "--engine", engine,
                     "--version", hv.specdeploy_engine_version, "--"] + argv
         if argv[0] == "python":
-            return [f"{hv.specdeploy_venv_path}/bin/python"] + argv[1:]
-        return [f"{hv.specdeploy_venv_path}/bin/{argv[0]}"] + argv[1:]
+            return [f"{hv.engine_venv}/bin/python"] + argv[1:]
+        return [f"{hv.engine_venv}/bin/{argv[0]}"] + argv[1:]
     name = unit_name(engine).removesuffix(".service")  # the container is named as the unit
     env_files = [engine_files(engine)[1]]
     if hv.specdeploy_api_key_file and secret_env:

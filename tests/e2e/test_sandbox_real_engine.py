@@ -1,0 +1,96 @@
+"""The real vLLM 0.32 CPU build on a sandbox host, deployed through ansible-playbook: a tiny MLA + MoE target
+(DeepSeek-V3 shaped) with its EAGLE-3 drafter, staged and converted by the roles, started by the unit specdeploy
+renders, ready on a real chat completion; the exporter and `specdeploy status` show the engine's own acceptance."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from helpers import REPO
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.realengine, pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
+    reason="needs root and systemd-nspawn (CI runs as root; scripts/setup.sh installs systemd-container)")]
+
+H1 = "10.231.1.2"
+VERSION = "0.32.0"
+TARGET = "deepseek_v3"
+
+
+@pytest.fixture(scope="module")
+def inv(tmp_path_factory):
+    from specdeploy.testing import sandbox
+    sandbox.down()
+    hosts = sandbox.up(1, real_engine=VERSION)
+    sandbox.artifacts()
+    d = sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm", "venv",
+                                real_engine=VERSION, target=TARGET)
+    yield d
+    sandbox.down()
+
+
+def ssh(cmd: str) -> str:
+    from specdeploy.testing.sandbox import STATE
+    r = subprocess.run(["ssh", "-i", str(STATE / "id_ed25519"), "-o", "StrictHostKeyChecking=no", "-o",
+                        "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"root@{H1}", cmd],
+                       capture_output=True, text=True, timeout=60)
+    return r.stdout
+
+
+def chat(text: str) -> dict:
+    req = urllib.request.Request(f"http://{H1}:8000/v1/chat/completions", data=json.dumps({
+        "model": f"tiny-{TARGET}", "max_tokens": 24, "temperature": 0,
+        "messages": [{"role": "user", "content": text}]}).encode(), headers={"content-type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=120))
+
+
+def engine_counters() -> dict[str, float]:
+    page = urllib.request.urlopen(f"http://{H1}:8000/metrics", timeout=30).read().decode()
+    out = {}
+    for line in page.splitlines():
+        for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"):
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_real_vllm_with_eagle3_deployed_through_ansible(inv):
+    from specdeploy.testing import realengine
+    r = subprocess.run(["ansible-playbook", "-i", str(inv), str(REPO / "ansible" / "site.yml")],
+                       capture_output=True, text=True, cwd=REPO, timeout=1800)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    # the unit runs the real engine from the venv bound in, not the simulator
+    pid = ssh("systemctl show -p MainPID --value specdeploy-vllm.service").strip()
+    cmdline = ssh(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+    assert f"{realengine.path(VERSION)}/bin/vllm serve /models/tiny-{TARGET}" in cmdline, cmdline
+    assert "simulate" not in cmdline and "eagle3" in cmdline
+    before = engine_counters()
+    for i in range(6):
+        assert chat(f"Count to {i + 5}, then stop.")["choices"][0]["message"]["content"]
+    after = engine_counters()
+    drafts = after["vllm:spec_decode_num_drafts_total"] - before.get("vllm:spec_decode_num_drafts_total", 0)
+    accepted = (after["vllm:spec_decode_num_accepted_tokens_total"]
+                - before.get("vllm:spec_decode_num_accepted_tokens_total", 0))
+    assert drafts > 0 and accepted > 0, (before, after)  # the good drafter's first token is accepted
+    # the fleet view: the exporter's acceptance, computed from the engine's own counters over its window
+    row, deadline = {}, time.time() + 120
+    while time.time() < deadline:
+        st = subprocess.run([sys.executable, "-m", "specdeploy.cli", "status", "-i", str(inv), "--json",
+                             "--timeout", "5"], capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert st.returncode in (0, 1), st.stderr
+        row = next((h for h in json.loads(st.stdout)["hosts"] if h["host"] == "sdhost1"), {})
+        if row.get("acceptance_length"):
+            break
+        chat("One more sentence, please.")
+        time.sleep(5)
+    assert row.get("up") is True and row.get("engine") == "vllm" and row.get("version") == VERSION, row
+    assert row.get("speculation") == "on"
+    assert 1.0 < row["acceptance_length"] <= 2.0, row  # k=1: one draft token, accepted or not
+    assert 0.0 < row["acceptance_rate"] <= 1.0, row
