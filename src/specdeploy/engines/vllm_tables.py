@@ -108,10 +108,10 @@ DRAFTER = {
         "Eagle3Qwen2_5vlForCausalLM": Span(), "Eagle3Qwen3vlForCausalLM": Span(),
         "Eagle3DeepseekV2ForCausalLM": Span("0.18.0"), "Eagle3DeepseekV3ForCausalLM": Span("0.18.0"),
         "Eagle3MiniMaxM2ForCausalLM": Span("0.20.0"),  # in 0.20.0, absent in 0.19.0
-        "Eagle3Qwen3ForCausalLM": Span("0.27.0"),  # in 0.27.0, absent in 0.22.0
+        "Eagle3Qwen3ForCausalLM": Span("0.24.0"),  # in 0.24.0, 0.26.0 and 0.27.0; absent in 0.23.0 and 0.22.1
     },
     # speculators configs: transformer_layer_config.model_type -> drafter class
-    "speculators_model_types": {"llama": Span(), "qwen3": Span("0.27.0")},
+    "speculators_model_types": {"llama": Span(), "qwen3": Span("0.24.0")},  # absent in 0.23.0
     # The speculators loader defaults norm_before_residual to True, the flat loader to False.
     "speculators_norm_before_residual_default": True,
     # Top-level eagle_aux_hidden_state_layer_ids, in vLLM numbering (input of layer L), always read first.
