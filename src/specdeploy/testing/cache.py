@@ -116,17 +116,25 @@ def remove_tree(path: Path):
     shutil.rmtree(path)
 
 
+def _readable(entry: Path) -> Path:
+    """An entry made before entries were made 0755 (mkdtemp's 0700) is opened to readers; nothing else changes."""
+    if not entry.is_symlink() and entry.is_dir() and entry.stat().st_mode & 0o777 == 0o700:
+        os.chmod(entry, 0o755)
+    return entry
+
+
 def build_entry(final: Path, key: str, build: Callable[[Path], None], lock: Path, what: str,
                 progress=None) -> Path:
     """``final`` holding exactly what ``build`` writes for ``key``: reused when its key matches, otherwise built
     beside it and switched in by rename; an entry built from other inputs is replaced."""
     if key_of(final) == key:
-        return final
+        return _readable(final)
     with locked(lock, what, progress):
         if key_of(final) == key:  # built by whoever held the lock before us
-            return final
+            return _readable(final)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.build-", dir=final.parent))
+        os.chmod(tmp, 0o755)  # an entry is read by others too (a sandbox host's service user runs a cached venv)
         try:
             build(tmp)
             (tmp / KEY_FILE).write_text(key + "\n")

@@ -252,3 +252,18 @@ def test_down_leaves_what_it_did_not_make_and_hosts_another_state_runs(state, tm
     sandbox.artifacts()
     sandbox.down()
     assert not (state / "artifacts").exists()  # what artifacts() wrote carries its key, and goes
+
+
+def test_an_entry_is_readable_by_others(tmp_path):
+    """mkdtemp makes 0700 directories; a cache entry is read by other users too (a sandbox host's service user runs
+    the cached real-engine venv), so it is 0755, and an older 0700 entry is opened when it is reused."""
+    import os
+
+    from specdeploy.testing import cache
+    final = tmp_path / "entry"
+    cache.build_entry(final, "k1", lambda d: (d / "f").write_text("x"), tmp_path / "lock", "test build")
+    assert final.stat().st_mode & 0o777 == 0o755
+    os.chmod(final, 0o700)
+    built = []
+    cache.build_entry(final, "k1", lambda d: built.append(d), tmp_path / "lock", "test build")
+    assert not built and final.stat().st_mode & 0o777 == 0o755 and (final / "f").read_text() == "x"
