@@ -28,7 +28,9 @@ MIRROR = os.environ.get("SPECDEPLOY_DEBIAN_MIRROR", "http://deb.debian.org/debia
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "python3-pip", "iproute2",
             "ca-certificates", "rsync", "procps", "curl", "prometheus",
             # the production runtime: dockerd, and `requests` for the community.docker modules
-            "docker.io", "python3-requests"]
+            "docker.io", "python3-requests",
+            # the real vLLM CPU build, bound in from the controller, loads its kernels with libnuma
+            "libnuma1"]
 # dockerd inside an nspawn host: all capabilities, the keyring and bpf syscalls, and (see rootfs()) read-write
 # cgroup v1 controllers. /var/lib/docker is bound from the controller's disk: overlay2 cannot sit on overlayfs.
 NSPAWN_DOCKER = ["--capability=all", "--system-call-filter=@keyring bpf"]
