@@ -32,6 +32,13 @@ def signatures(kimi_since: str) -> tuple[Signature, ...]:
                   re.compile(r"SchedulerConfig.*is_encoder_decoder|is_encoder_decoder.*SchedulerConfig"),
                   "The speculators release predates this vLLM (SchedulerConfig gained is_encoder_decoder): install a "
                   "speculators release built for the pinned vLLM."),
+        Signature("vllm-kernels-not-loaded", "medium",
+                  re.compile(r"'_OpNamespace' '_\w*C' object has no attribute"),
+                  "vLLM's compiled kernels lack this op: its extension (vllm/_C*.so) did not load, or was built for "
+                  "another torch, device or CPU: look for 'Failed to import from vllm._C' earlier in the log, run "
+                  "`python -c 'import vllm._C'` with the engine's Python to see the loader's error (a missing "
+                  "shared library such as libnuma.so.1 for the CPU builds), and install the vLLM build that matches "
+                  "this torch and device."),
         Signature("spec-decode-unsupported", "high", re.compile(r"spec decode is not supported"),
                   "This engine build's model runner has no speculative decoding on this platform (vLLM's CPU model "
                   "runner asserts it in 0.16.0 to 0.19.0; the assertion is gone from 0.20.0, and 0.32.0 runs EAGLE-3 "

@@ -25,3 +25,22 @@ def test_a_server_error_on_a_request_still_counts():
     five = REFUSED.replace("code=404", "code=500").replace("NotFoundError", "InternalServerError")
     res = triage_lines(["INFO:     Application startup complete.", five] + STOP)
     assert res.outcome == "failed" and "code=500" in res.root_cause
+
+
+def test_vllm_kernels_that_did_not_load_are_named():
+    """The real vLLM 0.32 CPU build on a host without libnuma: torch.ops._C lacks every op, the first call fails."""
+    log = [
+        "(EngineCore pid=81) ERROR 12-02 02:30:11 [core.py:1010] EngineCore failed to start.",
+        "(EngineCore pid=81) ERROR 12-02 02:30:11 [core.py:1010] Traceback (most recent call last):",
+        '(EngineCore pid=81) ERROR 12-02 02:30:11 [core.py:1010]   File "/v/lib/python3.11/site-packages/vllm/'
+        'platforms/cpu.py", line 390, in init_memory_env',
+        "(EngineCore pid=81) ERROR 12-02 02:30:11 [core.py:1010]     torch.ops._C.init_cpu_memory_env()",
+        '(EngineCore pid=81) ERROR 12-02 02:30:11 [core.py:1010]   File "/v/lib/python3.11/site-packages/torch/'
+        '_ops.py", line 1392, in __getattr__',
+        "(EngineCore pid=81) ERROR 12-02 02:30:11 [core.py:1010]     raise AttributeError(",
+        "(EngineCore pid=81) ERROR 12-02 02:30:11 [core.py:1010] AttributeError: '_OpNamespace' '_C' object has no "
+        "attribute 'init_cpu_memory_env'",
+    ]
+    res = triage_lines(log)
+    assert res.outcome == "failed" and res.signature == "vllm-kernels-not-loaded", res
+    assert res.confidence == "medium" and "libnuma" in res.fix
