@@ -202,6 +202,15 @@ def target_key(kind: str) -> str:
     return _key(_target_spec(kind))
 
 
+def _world_readable(entry: Path) -> Path:
+    """The generator's safetensors are written 0600; a model is read by an engine's service user (a sandbox host
+    stages it with its modes), so every file is 0644."""
+    for f in entry.iterdir():
+        if f.is_file() and not f.is_symlink() and f.stat().st_mode & 0o044 != 0o044:
+            f.chmod(0o644)
+    return entry
+
+
 def target(kind: str, progress=None) -> Path:
     """The tiny target model directory of ``kind`` (built on first use)."""
     spec = _target_spec(kind)
@@ -210,7 +219,7 @@ def target(kind: str, progress=None) -> Path:
     out = cache.build_entry(final, k, lambda tmp: _generate(spec, tmp, progress), LOCK,
                             f"tiny model {kind} build", progress)
     _prune(f"tinymodels-{kind}-{'?' * 16}", out)
-    return out
+    return _world_readable(out)
 
 
 def drafter(target_kind: str, quality: str = "good", progress=None) -> Path:
@@ -224,7 +233,7 @@ def drafter(target_kind: str, quality: str = "good", progress=None) -> Path:
     out = cache.build_entry(final, k, lambda tmp: _generate(spec, tmp, progress), LOCK,
                             f"tiny drafter {name} build", progress)
     _prune(f"tinymodels-{name}-{'?' * 16}", out)
-    return out
+    return _world_readable(out)
 
 
 def meta(path: Path) -> dict:
