@@ -32,8 +32,9 @@ def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
         from specdeploy.testing import realengine
         if real_engine not in realengine.RECIPES:
             error("--real-engine", f"'{real_engine}'", f"use one of {', '.join(realengine.RECIPES)}")
-        if engine != "vllm":
-            error("--engine", f"'{engine}' with --real-engine", "only vLLM's CPU build runs here: --engine vllm")
+        if engine != realengine.ENGINE:
+            error("--engine", f"'{engine}' with --real-engine",
+                  f"only {realengine.ENGINE}'s CPU build runs here: --engine {realengine.ENGINE}")
         runtime = "venv"
     try:
         with con.status("sandbox") as st:

@@ -235,6 +235,8 @@ class EngineAdapter:
         """Engine-specific preflight findings for a host (``target``: the TargetModel or None)."""
 
     # --- the engine probe (checks/probe.py) -------------------------------------------------
+    # CPU builds on the package index that run without a GPU (version -> recipe; testing/realengine.py)
+    cpu_builds: dict[str, dict] = {}
     probe_env: dict[str, str] = {}  # environment the probe script needs in the engine's Python
 
     def probe_script(self) -> str | None:

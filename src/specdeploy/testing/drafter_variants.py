@@ -28,6 +28,7 @@ from typing import Callable
 
 from specdeploy.values.errors import SpecdeployError
 from specdeploy.checkpoint.safetensors_io import write_sparse
+from specdeploy.testing.realengine import ENGINE
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
          "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64,
@@ -417,7 +418,7 @@ def compare(root: Path, version: str, python: str, vs: list[Variant] | None = No
     cases = [{"id": v.name, "target": str(t), "drafter": str(d),
               "trust_remote_code": v.target.partition("+")[0] in REMOTE_CODE} for v, (t, d) in zip(vs, dirs.values())]
     t0 = time.perf_counter()
-    run = run_cases("vllm", version, cases, python, timeout=timeout)
+    run = run_cases(ENGINE, version, cases, python, timeout=timeout)
     seconds = time.perf_counter() - t0
     if not run.ran:
         raise SpecdeployError(f"the probe did not run: {run.why}")
@@ -425,13 +426,13 @@ def compare(root: Path, version: str, python: str, vs: list[Variant] | None = No
     for v in vs:
         t, d = dirs[v.name]
         try:
-            rep = check(d, t, "vllm", version)
+            rep = check(d, t, ENGINE, version)
             dc = doctor_classes(rep)
-            taps = engine_taps(Drafter.load(d), TargetModel.load(t), "vllm", version)[0]
+            taps = engine_taps(Drafter.load(d), TargetModel.load(t), ENGINE, version)[0]
         except SpecdeployError:
             dc, taps = {"config"}, None
         c = run.cases.get(v.name, {})
-        pc = probe_classes(case_findings(c, "vllm", version))
+        pc = probe_classes(case_findings(c, ENGINE, version))
         refused = any(p.get("stage") in ("speculative_config", "target_config", "drafter_build")
                       for p in c.get("problems", [])) and not c.get("target_check_bypassed")
         compared = {"target", "config"} if refused else set(LOAD)

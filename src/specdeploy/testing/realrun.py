@@ -66,7 +66,7 @@ def host_vars(target: Path, drafter: Path | None = None, k: int = 1, port: int |
     tokens) from the real-engine venv; the CPU build's needs (its KV-cache size, eager mode, a short context)
     come in through the ordinary variables, validated as any inventory's are."""
     v = {
-        "specdeploy_engine": "vllm", "specdeploy_engine_version": version, "specdeploy_runtime": "venv",
+        "specdeploy_engine": realengine.ENGINE, "specdeploy_engine_version": version, "specdeploy_runtime": "venv",
         "specdeploy_venv_path": str(venv(version)), "specdeploy_hardware": "h200_nvl8",
         "specdeploy_tensor_parallel_size": 1, "specdeploy_model_path": str(target),
         "specdeploy_served_model_name": served, "specdeploy_bind_address": "127.0.0.1",

@@ -537,7 +537,7 @@ def real_engine_vars(version: str, target: str = "deepseek_v3") -> dict:
     CPU build's needs (its KV-cache size, eager mode, a short context, one rank) through the ordinary variables."""
     from specdeploy.testing import realengine, tinymodels
     return {
-        "specdeploy_runtime": "venv", "specdeploy_sandbox_engine": "real", "specdeploy_engine": "vllm",
+        "specdeploy_runtime": "venv", "specdeploy_sandbox_engine": "real", "specdeploy_engine": realengine.ENGINE,
         "specdeploy_engine_version": version, "specdeploy_engine_venv_path": str(realengine.venv(version)),
         "specdeploy_hardware": "h200_nvl8", "specdeploy_tensor_parallel_size": 1,
         "specdeploy_model_path": f"/models/tiny-{target}",
