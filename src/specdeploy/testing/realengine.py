@@ -157,8 +157,7 @@ def main(argv=None):
         for v in a.version:
             print(venv(v, progress=lambda m: print(f"[realengine] {m}", file=sys.stderr, flush=True)))
     except SpecdeployError as e:
-        for f in e.problems:
-            print(f"error: {f.subject}: {f.message}\n  fix: {f.fix}", file=sys.stderr)
+        print(e, file=sys.stderr)  # one line per problem, with its fix
         return 2
     return 0
 

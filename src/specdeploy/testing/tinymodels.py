@@ -262,8 +262,7 @@ def main(argv=None):
             for q in a.drafter:
                 print(drafter(kind, q, say))
     except SpecdeployError as e:
-        for f in e.problems:
-            print(f"error: {f.subject}: {f.message}\n  fix: {f.fix}", file=sys.stderr)
+        print(e, file=sys.stderr)  # one line per problem, with its fix
         return 2
     return 0
 
