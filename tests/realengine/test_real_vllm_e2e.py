@@ -150,7 +150,14 @@ def test_exporter_figures_equal_the_engines_metrics(good):
 
 
 # ---- the gate over real runs, and how each engine ended --------------------------------------------------------
-def test_gate_measures_a_baseline_and_keeps_the_good_drafter(baseline, good):
+def test_gate_measures_a_baseline_and_judges_the_good_drafter_by_its_interval(baseline, good):
+    """The gate over the real engine: the acceptance it reads is the good drafter's (its first draft token is the
+    target's own next token), the speedup is the ratio of the two runs, and the verdict is the one its interval
+    allows. Which verdict that is, is not fixed here: on two CPU cores the good drafter at k=1 gains little
+    (paired baseline/good runs on an idle machine, the other engine frozen: 1.04x, 1.08x, 1.12x, 1.17x), and two
+    engine instances started one after the other differ by more than that (the same pair, one after the other:
+    0.92x, 95% interval 0.81-1.04x, so disable; 1.05x in a CI run). A win against that noise is the simulator's
+    to show (tests/unit/speculation/test_gate.py, the sandbox gate tests)."""
     _, base, _ = baseline
     assert base["verdict"] is None and base["speculation"] is False and not base.get("refused")
     assert base["levels"][0]["errors"] == 0 and base["levels"][0]["output_tps"] > 0
@@ -159,8 +166,19 @@ def test_gate_measures_a_baseline_and_keeps_the_good_drafter(baseline, good):
     lv = kept["levels"][0]
     assert lv["acceptance_length"] > 1.8
     assert lv["speedup"] == pytest.approx(lv["output_tps"] / base["levels"][0]["output_tps"])
-    assert kept["verdict"] == "keep", kept["reason"]
-    assert verdict_overrides(kept) == {}
+    assert len(lv["rounds_tps"]) == 4 and len(base["levels"][0]["rounds_tps"]) == 4
+    assert lv["output_tps"] == pytest.approx(lv["output_tokens"] / lv["wall_s"])
+    lo, hi = lv["speedup_interval"]
+    assert lo <= lv["speedup"] <= hi
+    assert lv["baseline_aa"]["interval"][0] <= lv["baseline_aa"]["ratio"] <= lv["baseline_aa"]["interval"][1]
+    margin = kept["margin"]
+    if kept["verdict"] == "keep":
+        assert lv["speedup"] >= 1 + margin and lo >= 1.0, kept
+    elif kept["verdict"] == "disable":
+        assert hi < 1 + margin, kept  # acceptance was high: only a measured loss disables
+    else:
+        assert kept["verdict"] is None and "spread between rounds" in kept["refused"], kept
+        assert verdict_overrides(kept) == {}
 
 
 def test_sigterm_is_a_clean_shutdown(baseline, good):

@@ -4,9 +4,18 @@ speedup = AL x T_base / T_spec (AL: mean acceptance length, bonus token included
 AL exceeds the step-time ratio T_spec / T_base; the gate keeps it only when the measured speedup clears
 1 + margin, predicts whether a smaller k would do better, and otherwise disables it.
 
+Noise is measured, not assumed away. Each concurrency level runs in ``ROUNDS`` consecutive rounds (each of at
+least ``concurrency`` requests), and every report carries the rounds' throughputs. The speedup gets a 95%
+interval from the two runs' rounds (:func:`ratio_interval`, on the log scale, Welch's t), and every run an A/A
+line: its later rounds against its earlier ones, which shows what "no change" measures on this host. A verdict
+is drawn only when the effect is larger than that spread: ``keep`` needs the point at or above 1 + margin and the
+interval's bottom at or above 1; ``disable`` needs the interval's top below 1 + margin; anything between is no
+decision.
+
 It refuses to decide (verdict None, ``refused`` set) when more than ``MAX_FAILED`` of the requests failed, in
-this run or in its baseline, or when nothing was measured: throughput over failing requests says nothing about
-speculation, and the previous decision then stays in force.
+this run or in its baseline, when nothing was measured, when either run has a single round (no spread), or when
+the interval straddles the keep threshold: throughput over failing requests says nothing about speculation, a
+difference inside the noise says nothing either, and the previous decision then stays in force.
 """
 from __future__ import annotations
 
@@ -25,6 +34,10 @@ from specdeploy.speculation.exporter import ParseError, Sample, parse_engine_met
 
 PROMPTS = Path(__file__).resolve().parents[1] / "data" / "prompts.jsonl"
 MAX_FAILED = 0.01  # failed / sent requests above which the gate refuses to decide
+ROUNDS = 4  # rounds per concurrency level: the spread between them is the noise a verdict has to beat
+# two-sided 95% quantiles of Student's t by degrees of freedom (1..30); 1.96 beyond
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
 # ---- arithmetic ---------------------------------------------------------------------------------------
@@ -65,6 +78,35 @@ def predict_k(per_position: list[float], step_ratio: float, k: int) -> dict[int,
     return out
 
 
+def ratio_interval(num: list[float], den: list[float]) -> tuple[float, float] | None:
+    """95% interval of mean(num) / mean(den) from two sets of independent rounds (throughputs), on the log scale
+    with Welch's t; None when either side has fewer than two positive rounds (no spread to measure)."""
+    a = [math.log(x) for x in num if x > 0]
+    b = [math.log(x) for x in den if x > 0]
+    if len(a) < 2 or len(b) < 2 or len(a) < len(num) or len(b) < len(den):
+        return None
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    d = statistics.mean(a) - statistics.mean(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return math.exp(d), math.exp(d)
+    df = (va + vb) ** 2 / ((va ** 2 / (len(a) - 1) if va else 0) + (vb ** 2 / (len(b) - 1) if vb else 0))
+    t = _T975[max(1, int(df)) - 1] if df < len(_T975) else 1.96
+    return math.exp(d - t * se), math.exp(d + t * se)
+
+
+def aa_line(rounds: list[float]) -> dict | None:
+    """A run against itself: its later rounds over its earlier ones, with the interval :func:`ratio_interval`
+    gives (None below four rounds). Its distance from 1 is what noise alone measures on this host."""
+    if len(rounds) < 4:
+        return None
+    h = len(rounds) // 2
+    iv = ratio_interval(rounds[h:], rounds[:h])
+    if iv is None:
+        return None
+    return {"ratio": statistics.mean(rounds[h:]) / statistics.mean(rounds[:h]), "interval": list(iv)}
+
+
 def failures(levels: list[dict]) -> tuple[int, int]:
     """(failed, sent) requests over all levels."""
     return (sum(int(lv.get("errors") or 0) for lv in levels),
@@ -86,8 +128,8 @@ def refusal(levels: list[dict], baseline: dict | None = None, max_failed: float 
 
 
 def decide(levels: list[dict], k: int, margin: float = 0.10) -> tuple[str | None, int | None, str]:
-    """Verdict from per-concurrency results (traffic-weighted equally): keep, reduce-k or disable; None when
-    nothing was measured."""
+    """Verdict from per-concurrency results (traffic-weighted equally): keep, reduce-k or disable; None (with the
+    reason) when nothing was measured or the effect is inside the measured spread."""
     measured = [lv for lv in levels if lv.get("speedup") is not None]
     if not measured:
         return None, None, "nothing measured: no level has both a speculative and a baseline throughput"
@@ -99,6 +141,13 @@ def decide(levels: list[dict], k: int, margin: float = 0.10) -> tuple[str | None
         # between the two runs), not speculation.
         return "disable", None, (f"no draft token accepted (acceptance length {max(als):.2f}): speculation cannot "
                                  f"pay; the measured {speedup:.2f}x is noise between the runs")
+    ivs = [lv.get("speedup_interval") for lv in measured]
+    if any(not iv for iv in ivs):
+        return None, None, (f"speculation measured at {speedup:.2f}x in a single round: no spread to compare the "
+                            "effect with; give --requests of at least twice the concurrency")
+    # the levels' intervals averaged as the speedups are (no narrower than the interval of the mean)
+    lo, hi = statistics.mean(iv[0] for iv in ivs), statistics.mean(iv[1] for iv in ivs)
+    span = f"{speedup:.2f}x (95% interval {lo:.2f}-{hi:.2f}x)"
     preds: dict[int, list[float]] = {}
     for lv in measured:
         if lv.get("per_position") and lv.get("step_ratio"):
@@ -108,11 +157,16 @@ def decide(levels: list[dict], k: int, margin: float = 0.10) -> tuple[str | None
     for kp, vals in preds.items():
         if kp < k and statistics.mean(vals) > best * (1 + margin):
             best_k, best = kp, statistics.mean(vals)
-    if best_k is not None and best >= 1 + margin:
-        return "reduce-k", best_k, f"k={best_k} is predicted at {best:.2f}x against {speedup:.2f}x measured at k={k}"
-    if speedup >= 1 + margin:
-        return "keep", None, f"speculation measured at {speedup:.2f}x (margin {margin:.0%})"
-    return "disable", None, f"speculation measured at {speedup:.2f}x, below 1 + {margin:.0%}"
+    # a prediction carries the measurement's relative spread: reduce k only when its bottom still beats 1x
+    if best_k is not None and best >= 1 + margin and best * lo / speedup >= 1.0:
+        return "reduce-k", best_k, (f"k={best_k} is predicted at {best:.2f}x against {span} measured at k={k}")
+    if speedup >= 1 + margin and lo >= 1.0:
+        return "keep", None, f"speculation measured at {span}, margin {margin:.0%}"
+    if hi < 1 + margin:
+        return "disable", None, f"speculation measured at {span}: even the top is below 1 + {margin:.0%}"
+    return None, None, (f"speculation measured at {span}: the spread between rounds is larger than the distance "
+                        f"to the keep threshold {1 + margin:.2f}x; measure again with more --requests, on a "
+                        "quieter host")
 
 
 def verdict_overrides(report: dict) -> dict:
@@ -178,6 +232,12 @@ def check_baseline(base, path) -> None:
             bad(f"level {c} is not an object")
         for name in ("output_tps", "errors", "requests"):
             number(lv.get(name), name, f"level {c}")
+        rounds = lv.get("rounds_tps")
+        if rounds is not None:
+            if not isinstance(rounds, list) or len(rounds) > 10000:
+                bad(f"level {c}: rounds_tps is not a list of throughputs")
+            for i, v in enumerate(rounds):
+                number(v, f"rounds_tps[{i}]", f"level {c}")
 
 
 def read_metrics(url: str, engine: str, headers: dict | None = None) -> Sample:
@@ -213,7 +273,7 @@ def model_name(url: str, headers: dict) -> str:
 
 
 def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requests: int, max_tokens: int,
-              headers: dict) -> dict:
+              headers: dict, rounds: int = ROUNDS) -> dict:
     before = read_metrics(url, engine)
     sg_samples: list[tuple[float, float]] = []
     stop = threading.Event()
@@ -231,14 +291,14 @@ def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requ
     poller = threading.Thread(target=poll, daemon=True)
     if not counting:
         poller.start()
-    tokens, errors, idx = [], [], {"i": 0}
+    tokens, errors, idx, limit = [], [], {"i": 0}, {"n": requests}
     lock = threading.Lock()
 
     def worker():
         while True:
             with lock:
                 i = idx["i"]
-                if i >= requests:
+                if i >= limit["n"]:
                     return
                 idx["i"] += 1
             try:
@@ -246,17 +306,25 @@ def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requ
             except Exception as exc:  # noqa: BLE001
                 errors.append(repr(exc)[:200])
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    n_rounds = max(1, min(rounds, requests // concurrency))
+    rounds_tps, wall = [], 0.0
+    for r in range(n_rounds):  # consecutive rounds: the spread between them is this run's noise
+        limit["n"] = requests * (r + 1) // n_rounds
+        done = sum(tokens)
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        dt = time.perf_counter() - t0
+        wall += dt
+        rounds_tps.append((sum(tokens) - done) / dt if dt else 0.0)
     stop.set()
     after = read_metrics(url, engine)
     lv = {"concurrency": concurrency, "requests": requests, "errors": len(errors), "wall_s": wall,
-          "output_tokens": sum(tokens), "output_tps": sum(tokens) / wall if wall else 0.0}
+          "output_tokens": sum(tokens), "output_tps": sum(tokens) / wall if wall else 0.0,
+          "rounds_tps": rounds_tps, "aa": aa_line(rounds_tps)}
     d_itl = after.itl_count - before.itl_count
     lv["itl_ms"] = 1000 * (after.itl_sum - before.itl_sum) / d_itl if d_itl > 0 else None
     if counting:
@@ -296,6 +364,9 @@ def gate(url: str, engine: str, concurrency: list[int], requests: int | None = N
         if base and base.get("output_tps") and lv["output_tps"]:
             lv["baseline_tps"] = base["output_tps"]
             lv["speedup"] = lv["output_tps"] / base["output_tps"]
+            iv = ratio_interval(lv["rounds_tps"], base.get("rounds_tps") or [])
+            lv["speedup_interval"] = list(iv) if iv else None
+            lv["baseline_aa"] = aa_line(base.get("rounds_tps") or [])
             if lv.get("acceptance_length"):
                 lv["step_ratio"] = lv["acceptance_length"] / lv["speedup"]
                 lv["breakeven_al"] = lv["step_ratio"] * (1 + margin)
@@ -319,6 +390,8 @@ def gate(url: str, engine: str, concurrency: list[int], requests: int | None = N
     elif spec_on and baseline:
         verdict, rk, why = decide(levels, k or 1, margin)
         report.update(verdict=verdict, recommended_k=rk, reason=why)
+        if verdict is None:
+            report.update(refused=why, reason=f"no decision: {why}; the previous decision stays")
     elif not spec_on:
         report.update(verdict=None, reason="baseline run: speculation is off")
     else:
@@ -366,13 +439,22 @@ def chart(report: dict, out: Path) -> Path | None:
     cs = [str(lv["concurrency"]) for lv in report["levels"]]
     sp = [lv.get("speedup") or 0 for lv in report["levels"]]
     colors = ["tab:green" if s >= 1 + report["margin"] else "tab:red" for s in sp]
-    a2.bar(cs, sp, color=colors)
+    err = [[max(0.0, s - (lv.get("speedup_interval") or [s, s])[0]) for s, lv in zip(sp, report["levels"])],
+           [max(0.0, (lv.get("speedup_interval") or [s, s])[1] - s) for s, lv in zip(sp, report["levels"])]]
+    a2.bar(cs, sp, color=colors, yerr=err, capsize=6, label="speculative / baseline, 95% interval")
+    for i, lv in enumerate(report["levels"]):  # the A/A line: the baseline against itself
+        aa = lv.get("baseline_aa") or lv.get("aa")
+        if aa:
+            a2.errorbar([i + 0.3], [aa["ratio"]], yerr=[[aa["ratio"] - aa["interval"][0]],
+                                                       [aa["interval"][1] - aa["ratio"]]],
+                        fmt="s", color="tab:blue", capsize=4, label="A/A (baseline vs itself)" if i == 0 else None)
     a2.axhline(1.0, color="black", lw=1)
     a2.axhline(1 + report["margin"], color="grey", ls="--", lw=1, label=f"keep threshold {1 + report['margin']:.2f}x")
     a2.set_xlabel("concurrency")
     a2.set_ylabel("speedup vs no speculation")
     if report.get("refused"):
-        title = f"no decision: {report.get('failed_requests', 0)} of {report.get('sent_requests', 0)} requests failed"
+        title = "no decision: " + ("inside the noise" if report.get("failed_requests", 0) == 0 else
+                                   f"{report['failed_requests']} of {report.get('sent_requests', 0)} requests failed")
     else:
         title = f"verdict: {report.get('verdict')}" + (f" (k={report['recommended_k']})"
                                                        if report.get("recommended_k") else "")

@@ -144,7 +144,8 @@ def test_nothing_measured_is_no_verdict():
     levels = [{"concurrency": 1, "requests": 16, "errors": 0, "speedup": None}]
     assert decide(levels, 3)[0] is None
     assert refusal(levels, {"levels": []}).startswith("nothing measured")
-    ok = [{"concurrency": 1, "requests": 200, "errors": 2, "speedup": 1.8, "acceptance_length": 2.9}]
+    ok = [{"concurrency": 1, "requests": 200, "errors": 2, "speedup": 1.8, "acceptance_length": 2.9,
+           "speedup_interval": [1.6, 2.0]}]
     assert refusal(ok, {"levels": [{"requests": 200, "errors": 0}]}) is None  # 1% exactly is tolerated
     assert "in the baseline" in refusal(ok, {"levels": [{"requests": 100, "errors": 5}]})
     assert decide(ok, 3)[0] == "keep"
@@ -326,8 +327,54 @@ def test_no_accepted_draft_disables_whatever_the_throughput_says():
     """Acceptance length 1 (no draft token accepted) cannot pay: a higher measured throughput is load noise between
     the baseline and the speculative run (seen on the real vLLM 0.32 CPU build: 2.26x with a random drafter)."""
     from specdeploy.speculation.gate import decide
-    lv = [{"speedup": 2.26, "acceptance_length": 1.0, "per_position": [0.0, 0.0], "step_ratio": 0.44}]
+    lv = [{"speedup": 2.26, "acceptance_length": 1.0, "per_position": [0.0, 0.0], "step_ratio": 0.44,
+           "speedup_interval": [2.0, 2.5]}]
     verdict, k, why = decide(lv, 2)
     assert verdict == "disable" and k is None and "no draft token accepted" in why
     lv[0]["acceptance_length"] = 1.6  # one accepted draft token in 0.6 steps: the throughput decides again
     assert decide(lv, 2)[0] == "keep"
+
+
+def test_the_speedup_interval_follows_the_spread_of_the_rounds():
+    """The interval of a throughput ratio from rounds: tight rounds give a tight interval around the ratio of the
+    means; the same means with a wide spread give a wide one; one round (or a non-positive one) gives none."""
+    import math
+    import random
+    from specdeploy.speculation.gate import ratio_interval
+    lo, hi = ratio_interval([150.0, 151.0, 149.0, 150.0], [100.0, 101.0, 99.0, 100.0])
+    assert lo < 1.5 < hi and hi - lo < 0.05
+    wlo, whi = ratio_interval([100.0, 200.0, 150.0, 150.0], [60.0, 140.0, 100.0, 100.0])
+    assert wlo < 1.0 < 1.5 < whi
+    assert ratio_interval([150.0], [100.0, 101.0]) is None and ratio_interval([1.0, 0.0], [1.0, 2.0]) is None
+    assert ratio_interval([2.0, 2.0], [1.0, 1.0]) == (2.0, 2.0)
+    # coverage on generated noise: the 95% interval holds the true ratio in most of 400 draws
+    rng = random.Random(7)
+    hits = 0
+    for _ in range(400):
+        a = [1.3 * math.exp(rng.gauss(0, 0.15)) for _ in range(4)]
+        b = [1.0 * math.exp(rng.gauss(0, 0.15)) for _ in range(4)]
+        lo, hi = ratio_interval(a, b)
+        hits += lo <= 1.3 <= hi
+    assert 0.90 * 400 <= hits <= 0.99 * 400, hits
+
+
+def test_a_difference_inside_the_noise_is_no_decision():
+    """The verdict needs the effect to beat the spread: a point above the threshold whose interval reaches below
+    1x is no decision, and so is one just below it whose interval reaches above; a single round is none either."""
+    from specdeploy.speculation.gate import decide
+    lv = {"acceptance_length": 2.0, "per_position": [1.0], "step_ratio": 1.0}
+    assert decide([dict(lv, speedup=1.3, speedup_interval=[1.15, 1.45])], 1)[0] == "keep"
+    verdict, _, why = decide([dict(lv, speedup=1.3, speedup_interval=[0.8, 2.1])], 1)
+    assert verdict is None and "spread between rounds" in why and "0.80-2.10x" in why
+    assert decide([dict(lv, speedup=1.05, speedup_interval=[0.95, 1.16])], 1)[0] is None
+    verdict, _, why = decide([dict(lv, speedup=0.8, speedup_interval=[0.7, 0.9])], 1)
+    assert verdict == "disable" and "even the top" in why
+    verdict, _, why = decide([dict(lv, speedup=1.5, speedup_interval=None)], 1)
+    assert verdict is None and "single round" in why
+
+
+def test_the_aa_line_is_the_run_against_itself():
+    from specdeploy.speculation.gate import aa_line
+    aa = aa_line([101.0, 99.0, 98.0, 102.0])
+    assert aa["ratio"] == 1.0 and aa["interval"][0] < 1.0 < aa["interval"][1]
+    assert aa_line([100.0, 101.0, 99.0]) is None  # below four rounds there are no two halves of two
