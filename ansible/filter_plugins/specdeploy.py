@@ -188,6 +188,24 @@ def specdeploy_gate_vars_file(inventory_dir, host):
     return gate_vars_file(str(inventory_dir), str(host))
 
 
+def specdeploy_probe_job(variables, host, probe_dir, overrides=None):
+    """The engine probe the deploy runs before the engine restarts onto this host's new release: the script, its
+    job (the release's own command line) and how to run it in the release's image or venv (checks/probe.py)."""
+    from ansible.utils.unsafe_proxy import wrap_var
+    from specdeploy.checks.probe import host_job
+    v, hv = _validated(variables, host, overrides)
+    job = host_job(hv, str(probe_dir), str(host), v.get("ansible_host", host))
+    # the script and the job are data for the host, never templates (Python may hold '{{' or '{%')
+    return {**job, "script": wrap_var(job["script"]), "job": wrap_var(job["job"])}
+
+
+def specdeploy_probe_result(variables, host, stdout, stderr="", rc=None, doctor="", overrides=None):
+    """The probe run's errors (they stop the deploy), warnings (it could not run) and notes."""
+    from specdeploy.checks.probe import host_result
+    _, hv = _validated(variables, host, overrides)
+    return host_result(hv, str(stdout or ""), str(stderr or ""), rc, str(doctor or ""))
+
+
 class FilterModule:
     def filters(self):
         return {name: fn for name, fn in globals().items() if name.startswith("specdeploy_") and callable(fn)}

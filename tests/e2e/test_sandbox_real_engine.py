@@ -36,6 +36,17 @@ def inv(tmp_path_factory):
     sandbox.down()
 
 
+def flat(text: str) -> str:
+    """Ansible's output with its line folding undone (the yaml result format wraps long messages)."""
+    return " ".join(text.split())
+
+
+def probed(r) -> str:
+    out = r.stdout + r.stderr
+    i = out.find("Engine probe")
+    return out[max(0, i - 200):i + 6000] if i >= 0 else out[-4000:]
+
+
 def ssh(cmd: str) -> str:
     from specdeploy.testing.sandbox import STATE
     r = subprocess.run(["ssh", "-i", str(STATE / "id_ed25519"), "-o", "StrictHostKeyChecking=no", "-o",
@@ -66,6 +77,10 @@ def test_real_vllm_with_eagle3_deployed_through_ansible(inv):
     r = subprocess.run(["ansible-playbook", "-i", str(inv), str(REPO / "ansible" / "site.yml")],
                        capture_output=True, text=True, cwd=REPO, timeout=1800)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    # before the engine started, the probe ran the release's own engine code on its target and converted drafter
+    said = flat(r.stdout)
+    assert "PROBE sdhost1: drafter load: vLLM 0.32.0" in said and "places every checkpoint tensor" in said, probed(r)
+    assert "PROBE sdhost1: target: DeepseekV3ForCausalLM implements SupportsEagle3" in said, probed(r)
     # the unit runs the real engine from the venv bound in, not the simulator
     pid = ssh("systemctl show -p MainPID --value specdeploy-vllm.service").strip()
     cmdline = ssh(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
@@ -94,3 +109,22 @@ def test_real_vllm_with_eagle3_deployed_through_ansible(inv):
     assert row.get("speculation") == "on"
     assert 1.0 < row["acceptance_length"] <= 2.0, row  # k=1: one draft token, accepted or not
     assert 0.0 < row["acceptance_rate"] <= 1.0, row
+    refused_by_the_engine_before_the_restart(inv, pid)
+
+
+def refused_by_the_engine_before_the_restart(inv, pid: str):
+    """A release the engine would refuse at start (a context longer than the target's 262144 positions; no rule of
+    ours checks it) is stopped by the probe's finding, in the engine's own words, before anything restarts: the
+    serving engine process and release stay, and it still answers."""
+    current = ssh("cat /var/lib/specdeploy/current").strip()
+    r = subprocess.run(["ansible-playbook", "-i", str(inv), str(REPO / "ansible" / "deploy.yml"),
+                        "-e", "specdeploy_max_model_len=1048576"],
+                       capture_output=True, text=True, cwd=REPO, timeout=1800)
+    out = flat(r.stdout + r.stderr)
+    assert r.returncode != 0, probed(r)
+    assert "PROBE sdhost1: vLLM 0.32.0 refuses release" in out, probed(r)
+    assert "User-specified max_model_len (1048576) is greater than the derived max_model_len" in out, probed(r)
+    assert f"Nothing was restarted: release {current} keeps serving" in out, probed(r)
+    assert ssh("systemctl show -p MainPID --value specdeploy-vllm.service").strip() == pid
+    assert ssh("cat /var/lib/specdeploy/current").strip() == current
+    assert chat("Still there?")["choices"][0]["message"]["content"]

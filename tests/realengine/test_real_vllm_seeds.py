@@ -315,3 +315,21 @@ def test_patched_classes_are_eagle3_targets_and_take_kimis_media_token(venv, mod
                                      "set_through_the_wrapper": [2, 30, 58]}
     assert patched["media_placeholder_token_id"] == media
     assert patched["image_token"] == {"image_token_index": media}
+
+
+def test_the_probe_reports_the_seeds_problems_gone_with_the_patch_set(venv, models, overlay):
+    """`specdeploy probe` on the Kimi-K2 target with its drafter: the stock 0.16.0 refuses it twice (the EAGLE-3
+    model-type list, then SupportsEagle3); the same probe with the patch set applied (the patched copy first on
+    the engine's path) finds neither, and the drafter loads."""
+    from specdeploy.checks.probe import probe
+    target, drafter = models["kimi_k2"]
+    stock, run = probe(target, drafter, "vllm", VERSION, venv=str(venv), trust_remote_code=True)
+    assert run.ran
+    errors = {f.subject for f in stock.findings if f.severity == "error"}
+    assert errors == {"eagle3 target whitelist", "SupportsEagle3"}, stock.findings
+    patched, run = probe(target, drafter, "vllm", VERSION, venv=str(venv), trust_remote_code=True,
+                         env={"PYTHONPATH": str(overlay)})
+    assert run.ran and run.version.startswith(VERSION)
+    assert [f for f in patched.findings if f.severity == "error"] == [], patched.findings
+    said = {f.subject: f.message for f in patched.findings}
+    assert "implements SupportsEagle3" in said["target"] and "places every checkpoint tensor" in said["drafter load"]

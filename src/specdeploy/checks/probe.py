@@ -80,20 +80,31 @@ def run_cases(engine: str, version: str, cases: list[dict], python: str, timeout
         with open(err_p, "rb") as fh:
             fh.seek(max(0, err_p.stat().st_size - STDERR_TAIL))
             tail = fh.read().decode(errors="replace")
-    line = next((x for x in stdout.decode(errors="replace").splitlines() if x.startswith(MARK)), None)
+    return parse_output(stdout.decode(errors="replace"), tail, proc.returncode, python,
+                        cut=size > max_output, max_output=max_output)
+
+
+def parse_output(stdout: str, stderr_tail: str, rc, python: str, cut: bool = False,
+                 max_output: int = MAX_OUTPUT) -> ProbeRun:
+    """The probe script's result line (``MARK`` + JSON) out of its output, checked, as a ProbeRun; why not, when
+    the output holds none (the script's output is an untrusted peer's: it may be cut, garbage, or anything)."""
+    line = next((x for x in stdout.splitlines() if x.startswith(MARK)), None)
     if line is None:
-        why = f"{python} printed no probe result (exit {proc.returncode})"
-        if size > max_output:
+        why = f"{python} printed no probe result (exit {rc})"
+        if cut:
             why += f"; its output passed {max_output} bytes and was cut"
-        last = [x for x in tail.strip().splitlines() if x.strip()][-3:]
+        last = [x[:300] for x in str(stderr_tail)[-STDERR_TAIL:].strip().splitlines() if x.strip()][-3:]
         return ProbeRun(False, why=why + (": " + " | ".join(last) if last else ""))
     try:
         res = json.loads(line[len(MARK):])
     except ValueError:
         return ProbeRun(False, why=f"{python} printed a probe result that is not JSON")
+    if not isinstance(res, dict) or not isinstance(res.get("cases", []), list) \
+            or not all(isinstance(c, dict) for c in res.get("cases", [])):
+        return ProbeRun(False, why=f"{python} printed a probe result that is not the probe's (no list of cases)")
     if not res.get("ok"):
-        return ProbeRun(False, why=f"the engine does not import in {python}: {res.get('error')}")
-    return ProbeRun(True, res.get("version"), {str(c.get("id")): c for c in res.get("cases", [])},
+        return ProbeRun(False, why=f"the engine does not import in {python}: {str(res.get('error'))[:500]}")
+    return ProbeRun(True, str(res.get("version")), {str(c.get("id")): c for c in res.get("cases", [])},
                     seconds=res.get("seconds"))
 
 
@@ -121,7 +132,10 @@ def case_findings(c: dict, engine: str, version: str) -> list[Finding]:
             f"run the probe with the Python of the {label} {version} image or venv")
     for p in c.get("problems", []):
         stage, err = p.get("stage"), _engine_msg(p.get("error", ""))
-        if stage == "target_config":
+        if stage == "target_config" and "max_model_len" in err:
+            add("error", "target config", f"{label} {got} refuses the context length: {err}",
+                "set specdeploy_max_model_len at or below the target's max_position_embeddings, or leave it unset")
+        elif stage == "target_config":
             add("error", "target config", f"{label} {got} refuses the target's config: {err}",
                 "fix the target's config.json (or its trust_remote_code need) as the engine says")
         elif stage == "speculative_config" and "only supported for" in err:
@@ -239,8 +253,9 @@ def _load_findings(load: dict, c: dict, label: str, got: str) -> list[Finding]:
 
 def probe(target: Path, drafter: Path, engine: str, version: str | None = None, python: str | None = None,
           venv: str | None = None, timeout: float = TIMEOUT_S, method: str = "eagle3",
-          trust_remote_code: bool = False) -> tuple[Report, ProbeRun]:
-    """Probe one target + drafter pair; the report holds the findings (a warning when the probe cannot run)."""
+          trust_remote_code: bool = False, env: dict | None = None) -> tuple[Report, ProbeRun]:
+    """Probe one target + drafter pair; the report holds the findings (a warning when the probe cannot run).
+    ``env`` is added to the engine Python's environment (e.g. PYTHONPATH to a patched copy of the engine)."""
     rep = Report()
     try:
         cls = get(engine)
@@ -259,7 +274,7 @@ def probe(target: Path, drafter: Path, engine: str, version: str | None = None, 
         return rep, ProbeRun(False, why="bad input")
     case = {"id": "probe", "target": str(Path(target).resolve()), "drafter": str(Path(drafter).resolve()),
             "method": method, "trust_remote_code": trust_remote_code}
-    run = run_cases(engine, version, [case], python_of(python, venv), timeout)
+    run = run_cases(engine, version, [case], python_of(python, venv), timeout, env=env)
     if not run.ran:
         rep.add("warning", "probe", f"the {cls.label} probe did not run: {run.why}",
                 f"run `specdeploy probe` on a host with the {cls.label} image" if run.unavailable else
@@ -286,3 +301,77 @@ def preflight_findings(hv, tdir: Path | None, ddir: Path | None, rep: Report, ho
                       trust_remote_code=bool(hv.specdeploy_trust_remote_code))
     for f in prep.findings:
         rep.add(f.severity, f.subject if f.subject == "probe" else f"probe {f.subject}", f.message, f.fix, host)
+
+
+# --- on a host, before the engine restarts (the inference_engine role) --------------------------------------
+def host_job(hv, probe_dir: str, host: str = "host", address: str | None = None) -> dict:
+    """What the deploy runs on a host before it restarts the engine onto a new release: the adapter's probe script
+    and a job for the release's own command line, run in the release's engine image (or venv) with ``probe_dir``
+    mounted (it holds the two files). ``enabled`` False, with ``why``, where there is nothing to probe or no
+    probe for this engine; nothing is then blocked."""
+    from specdeploy.plan import render_host
+    from specdeploy.plan.render.runtime import tool_container
+    off = {"enabled": False, "script": "", "job": "", "argv": []}
+    if not hv.specdeploy_engine_probe:
+        return {**off, "why": "specdeploy_engine_probe is false"}
+    if not (hv.specdeploy_spec_enabled and hv.specdeploy_spec_method in ("eagle3", "eagle")):
+        return {**off, "why": "this release runs no EAGLE drafter to probe"}
+    a = get(hv.specdeploy_engine)(hv.specdeploy_engine_version)
+    script = a.probe_script()
+    if script is None:
+        return {**off, "why": a.probe_unavailable()}
+    plan = render_host(host, hv, address or host)
+    case = a.probe_case(list(plan.argv))
+    if case is None:
+        return {**off, "why": f"the {a.label} command line of this release names no drafter the probe reads"}
+    script_path, job_path = f"{probe_dir}/probe.py", f"{probe_dir}/job.json"
+    # the unit's environment (EnvironmentFile=), then what the probe itself needs
+    job = {"env": {**plan.env, **a.probe_env}, "cases": [{"id": "release", **case}]}
+    run = tool_container(hv, "specdeploy-engine-probe", [script_path, job_path], (probe_dir,), module=False)
+    return {"enabled": True, "why": "", "script": script, "job": json.dumps(job, indent=1) + "\n",
+            "script_path": script_path, "job_path": job_path, "runtime": run["runtime"], "argv": run["argv"],
+            "label": f"{a.label} {hv.specdeploy_engine_version}"}
+
+
+def host_result(hv, stdout: str, stderr: str, rc, doctor: str = "") -> dict:
+    """The deploy's reading of a host probe run: ``errors`` (each the engine's sentence and the fix) stop the
+    deploy before the restart; ``warnings`` (the probe could not run: no engine in the image, no GPU to import)
+    block nothing; ``doctor`` is the drafter doctor's JSON from the same deploy, when there is one, so a
+    disagreement is shown with both sides (the engine's verdict is the one that counts)."""
+    from specdeploy.plan.render.runtime import engine_image
+    a = get(hv.specdeploy_engine)(hv.specdeploy_engine_version)
+    where = (f"the image this release starts ({engine_image(hv)})" if engine_image(hv)
+             else f"the engine's venv ({hv.specdeploy_venv_path})")
+    run = parse_output(str(stdout or "")[:MAX_OUTPUT], str(stderr or ""), rc, where)
+    out = {"ran": run.ran, "errors": [], "warnings": [], "info": [], "version": run.version,
+           "seconds": run.seconds}
+    if not run.ran:
+        out["warnings"].append(f"the {a.label} probe did not run in {where}: {run.why}; the doctor's rules stand "
+                               "alone for this release")
+        return out
+    if "release" not in run.cases:
+        out["ran"] = False
+        out["warnings"].append(f"the {a.label} probe in {where} answered no case for this release; the doctor's "
+                               "rules stand alone for it")
+        return out
+    case = {"version": run.version, **run.cases["release"]}
+    for f in case_findings(case, hv.specdeploy_engine, hv.specdeploy_engine_version):
+        line = f"{f.subject}: {f.message}" + (f" Fix: {f.fix}" if f.fix else "")
+        {"error": out["errors"], "warning": out["warnings"]}.get(f.severity, out["info"]).append(line)
+    if out["errors"]:
+        verdict = _doctor_verdict(doctor)
+        if verdict == "ok":
+            out["errors"].append("the drafter doctor passed this drafter; the engine's own code refuses it, and "
+                                 "the engine decides")
+    return out
+
+
+def _doctor_verdict(text: str) -> str:
+    """'ok' / 'error' from ``specdeploy drafter check --json`` output; '' when there is none or it is not that."""
+    try:
+        d = json.loads(text) if text else None
+    except ValueError:
+        return ""
+    if not isinstance(d, dict) or not isinstance(d.get("findings"), list):
+        return ""
+    return "error" if any(isinstance(f, dict) and f.get("severity") == "error" for f in d["findings"]) else "ok"

@@ -248,6 +248,12 @@ class EngineAdapter:
         """Why there is no probe for this engine (shown when ``probe_script`` is None)."""
         return f"specdeploy has no probe for {self.label or self.name}"
 
+    def probe_case(self, argv: list[str]) -> dict | None:
+        """The probe case for the engine command line a release runs (``Command.argv``): the target, the drafter
+        and the options the engine validates them with, read from the flags as the engine reads them; None when
+        the command runs no drafter the probe can check."""
+        return None
+
     def drafter_taps(self, top, nested, default: list[int], deepseek_target: bool) -> tuple[list[int] | None, str]:
         """The aux taps (vLLM numbering: input of layer L) this release captures for a drafter config with
         ``top`` (top-level ``eagle_aux_hidden_state_layer_ids``) and ``nested`` (``eagle_config.``) ids, each a

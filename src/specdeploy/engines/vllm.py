@@ -218,6 +218,26 @@ class VLLM(EngineAdapter):
     def probe_script(self) -> str:
         return (Path(__file__).with_name("vllm_probe.py")).read_text()
 
+    def probe_case(self, argv):
+        """``vllm serve TARGET ... --speculative-config JSON``: the target is the positional model, the drafter and
+        method come from the speculative config, and the flags the engine's ModelConfig validates go along."""
+        if "--speculative-config" not in argv or len(argv) < 3:
+            return None
+        spec = json.loads(argv[argv.index("--speculative-config") + 1])
+        if not isinstance(spec, dict) or not spec.get("model") or spec.get("method") not in ("eagle3", "eagle"):
+            return None
+
+        def value(flag):
+            return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else None
+        case = {"target": argv[2], "drafter": spec["model"], "method": spec["method"],
+                "num_speculative_tokens": int(spec.get("num_speculative_tokens") or 1),
+                "trust_remote_code": "--trust-remote-code" in argv}
+        if value("--max-model-len"):
+            case["max_model_len"] = int(value("--max-model-len"))
+        if value("--dtype"):
+            case["dtype"] = value("--dtype")
+        return case
+
     def drafter_taps(self, top, nested, default, deepseek_target):
         # vLLM reads the top-level key (its own numbering) first.
         if top is not None:

@@ -303,7 +303,13 @@ def _kind(exc: BaseException) -> str:
 def main() -> int:
     here = os.path.dirname(os.path.abspath(__file__)) if "__file__" in globals() else None
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]  # beside vllm.py: not "vllm"
-    job = json.load(sys.stdin)
+    if len(sys.argv) > 1:  # a job file (on a host: beside the script, mounted into the engine image)
+        with open(sys.argv[1]) as fh:
+            job = json.load(fh)
+    else:
+        job = json.load(sys.stdin)
+    for k, v in (job.get("env") or {}).items():  # the engine's environment for the probe, where not set
+        os.environ.setdefault(str(k), str(v))
     real = os.dup(1)
     os.dup2(2, 1)  # the engine's logging and prints go to stderr; stdout carries the result only
     t0 = time.perf_counter()

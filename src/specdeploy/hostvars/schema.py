@@ -191,6 +191,11 @@ class HostVars(BaseModel):
     specdeploy_spec_num_tokens: int = Field(3, ge=1, le=16, description="Draft tokens per step (k).")
     specdeploy_spec_config_extra: dict[str, Any] = Field(
         default_factory=dict, description="Extra speculative-config keys, validated against the engine version.")
+    specdeploy_engine_probe: bool = Field(
+        True, description="Before the engine restarts onto a new release with an EAGLE drafter, run the engine's own "
+        "config validation and drafter weight loading (`specdeploy probe`) in that release's image or venv; what the "
+        "engine refuses stops the deploy while the serving release keeps serving. A probe that cannot run there "
+        "(no engine in the image, SGLang without a GPU) is a warning.")
     specdeploy_spec_gate: bool = Field(
         False, description="After readiness, measure whether speculation pays and apply the verdict.")
     specdeploy_load_format: str | None = Field(

@@ -97,15 +97,21 @@ def test_breakeven_examples():
 def test_gate_decisions():
     from specdeploy.speculation.gate import decide, predict_k, verdict_overrides
     # position 0 accepts often, later positions rarely, and the draft is expensive: k=1 is predicted better
-    lv = {"speedup": 2.03 / 1.9, "per_position": [0.85, 0.15, 0.03], "step_ratio": 1.9, "acceptance_length": 2.03}
+    # (each with a measured spread of +-5%: the rounds agree)
+    lv = {"speedup": 2.03 / 1.9, "per_position": [0.85, 0.15, 0.03], "step_ratio": 1.9, "acceptance_length": 2.03,
+          "speedup_interval": [2.03 / 1.9 * 0.95, 2.03 / 1.9 * 1.05]}
     preds = predict_k(lv["per_position"], lv["step_ratio"], 3)
     assert preds[1] > preds[3]
     verdict, k, why = decide([lv], 3)
     assert (verdict, k) == ("reduce-k", 1) and "k=1" in why
     assert verdict_overrides({"verdict": "reduce-k", "recommended_k": 1}) == {"specdeploy_spec_num_tokens": 1}
     # consistent inputs: speedup = AL / step ratio
-    assert decide([{"speedup": 2.9 / 1.6, "per_position": [0.8, 0.6, 0.5], "step_ratio": 1.6}], 3)[0] == "keep"
-    assert decide([{"speedup": 1.15 / 2.2, "per_position": [0.1, 0.03, 0.02], "step_ratio": 2.2}], 3)[0] == "disable"
+    assert decide([{"speedup": 2.9 / 1.6, "per_position": [0.8, 0.6, 0.5], "step_ratio": 1.6,
+                    "speedup_interval": [2.9 / 1.6 * 0.95, 2.9 / 1.6 * 1.05]}], 3)[0] == "keep"
+    assert decide([{"speedup": 1.15 / 2.2, "per_position": [0.1, 0.03, 0.02], "step_ratio": 2.2,
+                    "speedup_interval": [1.15 / 2.2 * 0.95, 1.15 / 2.2 * 1.05]}], 3)[0] == "disable"
+    # the same reduce-k case with rounds that disagree by +-40%: the prediction's bottom is below 1x, no verdict
+    assert decide([dict(lv, speedup_interval=[2.03 / 1.9 * 0.6, 2.03 / 1.9 * 1.4])], 3)[0] is None
     assert verdict_overrides({"verdict": "disable"}) == {"specdeploy_spec_enabled": False}
     assert verdict_overrides({"verdict": "keep"}) == {}
 

@@ -98,7 +98,8 @@ def tool_container(hv: HostVars, name: str, args: list[str], rw_mounts: tuple[st
     inner = (["-m", "specdeploy.cli"] if module else []) + list(args)
     image = engine_image(hv)
     if image is None:
-        head = [f"{hv.specdeploy_venv_path}/bin/specdeploy"] if module else [f"{hv.specdeploy_venv_path}/bin/python"]
+        # the engine's own Python (its venv, where it has one of its own); specdeploy's CLI from specdeploy's venv
+        head = [f"{hv.specdeploy_venv_path}/bin/specdeploy"] if module else [f"{hv.engine_venv}/bin/python"]
         return {"runtime": "venv", "argv": head + list(args)}
     spec = container_spec(hv, image, name, rw_mounts)
     return {"runtime": "docker", "argv": docker_run_argv(spec, [], "python3", inner),
