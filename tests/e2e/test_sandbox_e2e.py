@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -50,6 +51,7 @@ def inv(tmp_path_factory):
     data = yaml.safe_load(gv.read_text())
     assert data["specdeploy_runtime"] == "docker" and "specdeploy_ready_timeout_s" not in data  # default timeout
     data["specdeploy_engine_env"]["TORCH_CUDA_ARCH_LIST"] = ARCH
+    data["monitoring_regate_after"] = "20s"  # the continuous gate's window, short for the test
     gv.write_text(yaml.safe_dump(data, sort_keys=False))
     yield d
     sandbox.down()
@@ -228,15 +230,86 @@ def _gate(inv, acceptance: str, ratio: str):
     return play(inv, json.dumps(env), limit="sdhost2")
 
 
-def test_gate_keeps_speculation_that_pays(inv):
-    rc, out, _ = _gate(inv, "0.8", "1.3")  # good acceptance, cheap draft
-    assert rc == 0, out[-3000:]
-    assert "GATE sdhost2: keep" in out
-    assert not (inv / "host_vars").exists()
-    assert "--speculative-config" in ssh(H2, "cat /etc/specdeploy/specdeploy-vllm.argv")
-    m = urllib.request.urlopen(f"http://{H2}:9450/metrics", timeout=10).read().decode()
-    assert 'specdeploy_gate_verdict{verdict="keep"} 1.0' in m
-    assert re.search(r'specdeploy_gate_speedup\{concurrency="1"\} (\d\.\d+)', m).group(1) > "1.1"
+ACCEPTANCE_FILE = "/var/lib/specdeploy-sim/acceptance"  # the simulated traffic's fit to the drafter, on sdhost2
+
+
+def _alerts(name: str) -> list[dict]:
+    body = json.load(urllib.request.urlopen(f"http://{H1}:9090/api/v1/alerts", timeout=10))
+    return [a for a in body["data"]["alerts"] if a["labels"].get("alertname") == name]
+
+
+def test_gate_keeps_speculation_that_pays_then_regates_it_when_acceptance_falls(inv, tmp_path):
+    """The gate keeps a drafter that pays (acceptance 0.8, cheap draft). Then the traffic drifts away from it
+    (acceptance 0.1): the exporter's live acceptance length falls below the step-time ratio the gate measured,
+    Prometheus's SpecdeploySpeculationBelowBreakeven fires after the inventory's monitoring_regate_after, and
+    `specdeploy regate` runs the gated deploy on that host: the gate measures again and disables speculation, and
+    the unit changes. The host's settings are in its host_vars (what a re-gate deploys is the inventory, not -e)."""
+    import yaml
+    group = yaml.safe_load((inv / "group_vars/specdeploy_engines.yml").read_text())
+    hv_dir = inv / "host_vars" / "sdhost2"
+    hv_dir.mkdir(parents=True)
+    (hv_dir / "regate-test.yml").write_text(yaml.safe_dump({
+        "specdeploy_runtime": "venv",  # the simulator a host process, reading the host's acceptance file
+        "specdeploy_engine_env": {**group["specdeploy_engine_env"], "SPECDEPLOY_SIM_LOAD_SECONDS": "2",
+                                  "SPECDEPLOY_SIM_STEP_MS": "5", "SPECDEPLOY_SIM_ACCEPTANCE": "0.8",
+                                  "SPECDEPLOY_SIM_SPEC_STEP_RATIO": "1.3",
+                                  "SPECDEPLOY_SIM_ACCEPTANCE_FILE": ACCEPTANCE_FILE},
+        "specdeploy_spec_num_tokens": 4, "speculation_gate_concurrency": "1,4", "speculation_gate_max_tokens": 48}))
+    stop = threading.Event()
+    try:
+        rc, out, _ = play(inv, "specdeploy_spec_gate=true", limit="sdhost2")
+        assert rc == 0, out[-3000:]
+        assert "GATE sdhost2: keep" in out
+        assert not (hv_dir / "specdeploy_gate.yml").exists()  # keep changes nothing in the inventory
+        assert "--speculative-config" in ssh(H2, "cat /etc/specdeploy/specdeploy-vllm.argv")
+        m = urllib.request.urlopen(f"http://{H2}:9450/metrics", timeout=10).read().decode()
+        assert 'specdeploy_gate_verdict{verdict="keep"} 1.0' in m
+        assert re.search(r'specdeploy_gate_speedup\{concurrency="1"\} (\d\.\d+)', m).group(1) > "1.1"
+        ratio = float(re.search(r'specdeploy_gate_step_ratio\{concurrency="1"\} ([0-9.e+-]+)', m).group(1))
+        assert 1.0 < ratio < 2.0, m
+        assert _alerts("SpecdeploySpeculationBelowBreakeven") == []
+        # the traffic drifts: from now on one draft token in ten is accepted
+        ssh(H2, f"mkdir -p {ACCEPTANCE_FILE.rsplit('/', 1)[0]} && echo 0.1 > {ACCEPTANCE_FILE}")
+
+        def traffic():
+            while not stop.is_set():
+                try:
+                    chat(f"http://{H2}:8000")
+                except OSError:
+                    time.sleep(0.5)
+        threading.Thread(target=traffic, daemon=True).start()
+        t0, fired = time.monotonic(), []
+        while time.monotonic() - t0 < 240 and not fired:
+            fired = [a for a in _alerts("SpecdeploySpeculationBelowBreakeven") if a["state"] == "firing"]
+            time.sleep(5)
+        took = time.monotonic() - t0
+        assert fired and fired[0]["labels"]["host"] == "sdhost2", _alerts("SpecdeploySpeculationBelowBreakeven")
+        assert fired[0]["labels"]["specdeploy_action"] == "regate" and float(fired[0]["value"]) < 1.0
+        # the exporter's 60 s window, the rules' 20 s and two 15 s evaluations: well inside four minutes
+        assert took < 240, took
+        stop.set()
+        state = tmp_path / "regate.json"
+        r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "regate", "-i", str(inv), "--prometheus",
+                            f"http://{H1}:9090", "--state", str(state)], capture_output=True, text=True, cwd=REPO,
+                           timeout=1800)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+        assert "regate sdhost2: SpecdeploySpeculationBelowBreakeven firing" in r.stdout
+        assert "regate sdhost2: deploy with the gate exited 0" in r.stdout
+        assert "specdeploy_spec_enabled: false" in (hv_dir / "specdeploy_gate.yml").read_text()
+        assert "--speculative-config" not in ssh(H2, "cat /etc/specdeploy/specdeploy-vllm.argv")
+        m = urllib.request.urlopen(f"http://{H2}:9450/metrics", timeout=10).read().decode()
+        assert 'specdeploy_gate_verdict{verdict="disable"} 1.0' in m
+        assert chat(f"http://{H2}:8000")["choices"]  # serving, without speculation
+        assert json.loads(state.read_text())["sdhost2"]["rc"] == 0
+        # right away again: within the cooldown nothing is run (and the alert no longer concerns a speculating host)
+        r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "regate", "-i", str(inv), "--prometheus",
+                            f"http://{H1}:9090", "--state", str(state), "--json"], capture_output=True, text=True,
+                           cwd=REPO, timeout=120)
+        assert r.returncode == 0 and all(h["action"] == "skipped" for h in json.loads(r.stdout)["hosts"]), r.stdout
+    finally:
+        stop.set()
+        ssh(H2, f"rm -f {ACCEPTANCE_FILE}")
+        shutil.rmtree(inv / "host_vars", ignore_errors=True)
 
 
 def test_gate_disables_net_negative_speculation(inv):

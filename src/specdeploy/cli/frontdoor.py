@@ -1,7 +1,8 @@
-"""``specdeploy deploy|rollback|verify``, ``status`` and ``report``."""
+"""``specdeploy deploy|rollback|verify``, ``status``, ``regate`` and ``report``."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
@@ -233,6 +234,63 @@ def status_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
             break
         time.sleep(interval)
     raise typer.Exit(0 if all(r["reachable"] and r.get("up") for r in st["hosts"]) else 1)
+
+@app.command("regate")
+def regate_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
+               prometheus: Optional[str] = typer.Option(None, "--prometheus", help="default: the monitoring "
+                                                        "host's :9090"),
+               watch: Optional[float] = typer.Option(None, "--watch", help="check again every SECONDS until "
+                                                     "interrupted (default: one pass)"),
+               cooldown: float = typer.Option(3600.0, "--cooldown", help="seconds after a host's re-gate before "
+                                              "it is re-gated again"),
+               state: Optional[Path] = typer.Option(None, "--state", help="the record of re-gates (default: "
+                                                    "$XDG_STATE_HOME/specdeploy/regate.json)"),
+               dry_run: bool = typer.Option(False, "--dry-run", help="say what would be re-gated, run nothing"),
+               as_json: bool = Json,
+               vault_id: Optional[List[str]] = VaultIds,
+               vault_password_file: Optional[List[str]] = VaultPasswordFiles):
+    """The continuous gate: re-run the speculation gate (a deploy with specdeploy_spec_gate) on each host whose
+    alert asks for it (live speedup below 1.0 for the rules' regate_after), one host at a time."""
+    from specdeploy.hostvars.argcheck import finite
+    from specdeploy.ops.fleet import targets
+    from specdeploy.ops.regate import default_state, read_state, regate
+    from specdeploy.ops.status import prometheus_urls
+    from specdeploy.values.peerhttp import PeerError
+    try:
+        finite(cooldown, "--cooldown", positive=False)
+        if watch is not None:
+            finite(watch, "--watch", positive=True)
+        hosts, mon = targets(inventory, limit, vault=vault(vault_id, vault_password_file))
+        state_path = state or default_state()
+        read_state(state_path)  # a bad state file is an error before anything runs
+    except SpecdeployError as exc:
+        fail(exc)
+    proms = prometheus_urls(mon, prometheus)
+    if not proms:
+        error("--prometheus", f"{inventory} has no monitoring host", "give --prometheus URL")
+    def say(m: str) -> None:
+        print(m, file=sys.stderr if as_json else sys.stdout, flush=True)
+    while True:
+        try:
+            done = regate(inventory, proms[0], {t.host: t.address for t in hosts}, state_path, cooldown,
+                          dry_run, say)
+        except PeerError as exc:
+            error("--prometheus", f"cannot read the alerts: {exc}", "check that Prometheus is up at that URL")
+        except SpecdeployError as exc:
+            fail(exc)
+        if as_json:
+            print(json.dumps({"time": time.time(), "hosts": done}), flush=True)
+        else:
+            for d in done:
+                if d["action"] == "skipped":
+                    print(f"regate {d['host']}: left alone - {d['why']}")
+            if not done:
+                print("regate: no host needs it")
+        if watch is None:
+            break
+        time.sleep(watch)
+    raise typer.Exit(1 if any(d.get("rc") not in (None, 0) for d in done) else 0)
+
 
 @app.command("report")
 def report_cmd(inventory: Optional[str] = inventory_optional(),

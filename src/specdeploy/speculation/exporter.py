@@ -243,12 +243,15 @@ class SpecCollector:
         sp = GaugeMetricFamily("specdeploy_gate_speedup", help_of("specdeploy_gate_speedup"), labels=["concurrency"])
         be = GaugeMetricFamily("specdeploy_gate_breakeven_acceptance_length",
                                help_of("specdeploy_gate_breakeven_acceptance_length"), labels=["concurrency"])
+        al = GaugeMetricFamily("specdeploy_gate_acceptance_length", help_of("specdeploy_gate_acceptance_length"),
+                               labels=["concurrency"])
+        sr = GaugeMetricFamily("specdeploy_gate_step_ratio", help_of("specdeploy_gate_step_ratio"),
+                               labels=["concurrency"])
         for lvl in rep.get("levels", []):
             c = str(lvl.get("concurrency"))
-            if lvl.get("speedup") is not None:
-                sp.add_metric([c], lvl["speedup"])
-            if lvl.get("breakeven_al") is not None:
-                be.add_metric([c], lvl["breakeven_al"])
+            for fam, key in ((sp, "speedup"), (be, "breakeven_al"), (al, "acceptance_length"), (sr, "step_ratio")):
+                if lvl.get(key) is not None:
+                    fam.add_metric([c], lvl[key])
         v = GaugeMetricFamily("specdeploy_gate_verdict", help_of("specdeploy_gate_verdict"), labels=["verdict"])
         for verdict in VERDICTS:
             v.add_metric([verdict], 1.0 if (rep.get("verdict") or "undecided") == verdict else 0.0)
@@ -256,7 +259,7 @@ class SpecCollector:
                                    value=float(sum(int(lv.get("errors") or 0) for lv in rep.get("levels", []))))
         ts = GaugeMetricFamily("specdeploy_gate_timestamp_seconds", help_of("specdeploy_gate_timestamp_seconds"),
                                value=float(rep.get("timestamp") or 0))
-        return [sp, be, v, failed, ts]
+        return [sp, be, al, sr, v, failed, ts]
 
 
 MAX_PAGE = peerhttp.MAX_BYTES  # an engine page over this is a failed scrape, never read whole
@@ -315,7 +318,7 @@ def gate_problem(rep) -> str:
         c = lv.get("concurrency")
         if isinstance(c, bool) or not isinstance(c, int) or c < 1:
             return f"levels[{i}].concurrency is {json.dumps(c)[:40]}, not a positive integer"
-        for key in ("speedup", "breakeven_al"):
+        for key in ("speedup", "breakeven_al", "acceptance_length", "step_ratio"):
             if lv.get(key) is not None and (why := _number(lv[key], f"levels[{i}].{key}", 0)):
                 return why
         e = lv.get("errors")

@@ -20,6 +20,9 @@ EXPORTED: dict[str, tuple[str, str]] = {
     "specdeploy_spec_accepted_tokens": ("counter", "Engine accepted tokens (re-exported)"),
     "specdeploy_gate_speedup": ("gauge", "Measured speedup of speculation vs none"),
     "specdeploy_gate_breakeven_acceptance_length": ("gauge", "Acceptance length at which speculation breaks even"),
+    "specdeploy_gate_acceptance_length": ("gauge", "Acceptance length the gate measured"),
+    "specdeploy_gate_step_ratio": ("gauge", "Step-time ratio the gate measured: acceptance length / speedup (1.0x "
+                                   "is reached where the live acceptance length equals it)"),
     "specdeploy_gate_verdict": ("gauge", "1 for the gate's current verdict"),
     "specdeploy_gate_failed_requests": ("gauge", "Requests that failed during the gate's last measurement"),
     "specdeploy_gate_timestamp_seconds": ("gauge", "When the gate last ran"),
@@ -73,6 +76,13 @@ def q_kv() -> str:
 
 # speculation is on where the deployed unit says so (the exporter's info carries the draft-token count)
 Q_SPEC_ON = 'max by (host) (specdeploy_engine_info{spec_tokens!="0",spec_tokens!=""})'
+# speculation's speedup now: the live acceptance length over the step-time ratio the gate measured (its levels
+# averaged, as its verdict weighs them)
+Q_PREDICTED_SPEEDUP = ("specdeploy_spec_acceptance_length / on (host) "
+                       "avg by (host) (specdeploy_gate_step_ratio)")
+# the live acceptance length against the gate's own measurement
+Q_AL_VS_GATE = ("specdeploy_spec_acceptance_length / on (host) "
+                "avg by (host) (specdeploy_gate_acceptance_length)")
 # engine outages Prometheus saw in a day (up dropping to 0): engine-independent, and neither engine's multiprocess
 # metrics mode exports a process start time; a restart quicker than one scrape interval is not seen
 Q_RESTARTS = 'sum by (host) (resets(up{job="specdeploy_engine"}[1d]))'

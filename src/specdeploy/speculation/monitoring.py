@@ -15,13 +15,19 @@ from specdeploy.engines import names as engine_names
 from specdeploy.plan.render.systemd import jinja_env
 
 RULE_DEFAULTS = {"eval_interval": "15s", "ready_timeout": "1h", "min_acceptance_length": 2.0,
-                 "kv_cache_full": 0.95, "ttft_slo_seconds": 2.0, "itl_slo_seconds": 0.1}
+                 "kv_cache_full": 0.95, "ttft_slo_seconds": 2.0, "itl_slo_seconds": 0.1,
+                 # the continuous gate: how long the live figures must stay below the gate's before a re-gate,
+                 # and how far acceptance may decay against the gate's measurement before a warning
+                 "regate_after": "10m", "al_decay": 0.9, "al_decay_for": "30m"}
+# the label `specdeploy regate` acts on (alerts that ask for a new gate run on their host)
+REGATE_LABEL = ("specdeploy_action", "regate")
 
 
 def render_rules(**overrides) -> str:
     ctx = dict(RULE_DEFAULTS, **overrides)
     ctx.update(q_tokens_1m=M.q_tokens_per_s("1m"), q_ttft_p95_5m=M.q_ttft(0.95, "5m"),
-               q_itl_p95_5m=M.q_itl(0.95, "5m"), q_kv=M.q_kv(), q_spec_on=M.Q_SPEC_ON)
+               q_itl_p95_5m=M.q_itl(0.95, "5m"), q_kv=M.q_kv(), q_spec_on=M.Q_SPEC_ON,
+               q_predicted_speedup=M.Q_PREDICTED_SPEEDUP, q_al_vs_gate=M.Q_AL_VS_GATE, regate_label=REGATE_LABEL)
     return jinja_env().get_template("monitoring/specdeploy.rules.yml.j2").render(**ctx)
 
 
@@ -43,6 +49,12 @@ def panels() -> list[tuple[str, str, str, list[tuple[str, str]]]]:
           ("{{host}} accepted", f"sum by (host) (rate(specdeploy_spec_accepted_tokens_total[{R}]))")]),
         ("Speculative decoding", "Speedup vs no speculation (gate)", "none",
          [("{{host}} c={{concurrency}}", "specdeploy_gate_speedup"), ("break-even", "vector(1)")]),
+        ("Speculative decoding", "Speedup now: live acceptance length / the gate's step ratio", "none",
+         [("{{host}}", "specdeploy:spec_predicted_speedup"), ("break-even (re-gate below)", "vector(1)")]),
+        ("Speculative decoding", "Acceptance length: live against the gate's measurement", "none",
+         [("{{host}} live", "specdeploy_spec_acceptance_length"),
+          ("{{host}} gate c={{concurrency}}", "specdeploy_gate_acceptance_length"),
+          ("{{host}} break-even c={{concurrency}}", "specdeploy_gate_step_ratio")]),
         ("Serving", "Time to first token p50 / p99", "s",
          [("{{host}} p99", M.q_ttft(0.99, R)), ("{{host}} p50", M.q_ttft(0.5, R))]),
         ("Serving", "Inter-token latency p95", "s", [("{{host}}", M.q_itl(0.95, R))]),

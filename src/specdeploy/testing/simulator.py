@@ -4,6 +4,9 @@ not have. Behaviour knobs come from the environment (the engine unit's env file)
 
   SPECDEPLOY_SIM_LOAD_SECONDS   model load time before serving (default 3)
   SPECDEPLOY_SIM_ACCEPTANCE     per-token draft acceptance probability (default 0.7)
+  SPECDEPLOY_SIM_ACCEPTANCE_FILE  a file whose number, while it exists, replaces that probability (read at most
+                                once a second): the traffic drifting off the drafter's distribution while the
+                                engine serves, across restarts
   SPECDEPLOY_SIM_STEP_MS        plain decode step time in ms (default 20)
   SPECDEPLOY_SIM_SPEC_STEP_RATIO  speculative step time / plain step time (default 1.3)
   SPECDEPLOY_SIM_CRASH=load     crash during the load with a realistic multi-worker log in the engine's format
@@ -24,6 +27,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -103,7 +107,9 @@ class Sim:
         self.served = opts.get(self.behaviour.served_option) or (opts.get("model") or opts.get("model_path"))
         self.spec = opts.get("spec")
         self.k = self.spec["k"] if self.spec else 0
-        self.alpha = float(env.get("SPECDEPLOY_SIM_ACCEPTANCE", "0.7"))
+        self.alpha0 = self.alpha = float(env.get("SPECDEPLOY_SIM_ACCEPTANCE", "0.7"))
+        self.alpha_file = env.get("SPECDEPLOY_SIM_ACCEPTANCE_FILE") or None
+        self.alpha_read = 0.0
         self.step = float(env.get("SPECDEPLOY_SIM_STEP_MS", "20")) / 1000
         self.ratio = float(env.get("SPECDEPLOY_SIM_SPEC_STEP_RATIO", "1.3"))
         self.load_s = float(env.get("SPECDEPLOY_SIM_LOAD_SECONDS", "3"))
@@ -116,6 +122,17 @@ class Sim:
         self.rng = random.Random(int(env.get("SPECDEPLOY_SIM_SEED", "0")) or None)
         self.registry = CollectorRegistry()
         self.m = self.behaviour.metrics(self.registry, self.served, self.k)
+
+    def _acceptance(self) -> None:
+        """The acceptance probability of SPECDEPLOY_SIM_ACCEPTANCE_FILE while it holds a number in [0, 1]."""
+        if not self.alpha_file or time.monotonic() - self.alpha_read < 1.0:
+            return
+        self.alpha_read = time.monotonic()
+        try:
+            v = float(Path(self.alpha_file).read_text()[:32])
+            self.alpha = v if 0.0 <= v <= 1.0 else self.alpha0
+        except (OSError, ValueError):
+            self.alpha = self.alpha0
 
     # --- generation ------------------------------------------------------------------------------------
     def generate(self, prompt_tokens: int, max_tokens: int) -> tuple[list[str], float]:
@@ -130,6 +147,7 @@ class Sim:
             self.m.prompt(prompt_tokens)
             while len(out) < max_tokens:
                 if self.k:
+                    self._acceptance()
                     time.sleep(self.step * self.ratio)
                     acc = 0
                     while acc < self.k and self.rng.random() < self.alpha:

@@ -49,7 +49,16 @@ def test_promtool_check_and_unit_tests(tmp_path):
                  {"series": 'specdeploy_engine_info{host="gpu-b",engine="sglang",spec_tokens="3"}', "values": "1x30"},
                  {"series": 'specdeploy_engine_info{host="gpu-d",engine="sglang",spec_tokens="0"}', "values": "1x30"},
                  {"series": 'specdeploy_exporter_input_valid{host="gpu-b",file="gate"}', "values": "1 1 0x10"},
-                 {"series": 'specdeploy_exporter_input_valid{host="gpu-b",file="release"}', "values": "1x12"}],
+                 {"series": 'specdeploy_exporter_input_valid{host="gpu-b",file="release"}', "values": "1x12"},
+                 # the continuous gate: gpu-a's live AL 1.45 against the gate's step ratio 1.9 (0.76x now);
+                 # gpu-b 2.9 against 1.6 (1.8x) but 85% of the 3.4 the gate measured; gpu-d's speculation is off
+                 {"series": 'specdeploy_gate_step_ratio{host="gpu-a",concurrency="1"}', "values": "1.9x40"},
+                 {"series": 'specdeploy_gate_acceptance_length{host="gpu-a",concurrency="1"}', "values": "1.5x40"},
+                 {"series": 'specdeploy_gate_step_ratio{host="gpu-b",concurrency="1"}', "values": "1.5x40"},
+                 {"series": 'specdeploy_gate_step_ratio{host="gpu-b",concurrency="8"}', "values": "1.7x40"},
+                 {"series": 'specdeploy_gate_acceptance_length{host="gpu-b",concurrency="1"}', "values": "3.4x40"},
+                 {"series": 'specdeploy_gate_step_ratio{host="gpu-d",concurrency="1"}', "values": "1.9x40"},
+                 {"series": 'specdeploy_gate_acceptance_length{host="gpu-d",concurrency="1"}', "values": "3.0x40"}],
              "alert_rule_test": [
                  {"eval_time": "16m", "alertname": "SpecdeployLowAcceptanceLength",
                   "exp_alerts": [{"exp_labels": {"severity": "warning", "host": "gpu-a"},
@@ -59,6 +68,24 @@ def test_promtool_check_and_unit_tests(tmp_path):
                                                      "drafter (public Kimi drafters reach 2.4-3.4 at k=3). Run "
                                                      "`specdeploy drafter check`."}}]},
                  {"eval_time": "14m", "alertname": "SpecdeployLowAcceptanceLength", "exp_alerts": []},
+                 {"eval_time": "9m", "alertname": "SpecdeploySpeculationBelowBreakeven", "exp_alerts": []},
+                 {"eval_time": "11m", "alertname": "SpecdeploySpeculationBelowBreakeven",
+                  "exp_alerts": [{"exp_labels": {"severity": "warning", "host": "gpu-a",
+                                                 "specdeploy_action": "regate"},
+                                  "exp_annotations": {
+                                      "summary": "Speculation on gpu-a now runs at about 0.76x of none (live "
+                                                 "acceptance length over the gate's step-time ratio)",
+                                      "description": "Below 1.0 for 10m. `specdeploy regate` (or a deploy with "
+                                                     "specdeploy_spec_gate) measures again and keeps k, reduces "
+                                                     "it, or disables speculation."}}]},
+                 {"eval_time": "29m", "alertname": "SpecdeployAcceptanceDecayed", "exp_alerts": []},
+                 {"eval_time": "31m", "alertname": "SpecdeployAcceptanceDecayed",
+                  "exp_alerts": [{"exp_labels": {"severity": "info", "host": "gpu-b"},
+                                  "exp_annotations": {
+                                      "summary": "Acceptance length on gpu-b is 85.29% of what the gate measured",
+                                      "description": "Below 0.9 of the gate's figure for 30m: traffic drifting "
+                                                     "away from the drafter's training data, or a known decay "
+                                                     "(prefix caching over hours, DP attention)."}}]},
                  {"eval_time": "0m", "alertname": "SpecdeploySpeculationSlowerThanNone",
                   "exp_alerts": [{"exp_labels": {"severity": "critical", "host": "gpu-a", "concurrency": "8"},
                                   "exp_annotations": {
@@ -117,7 +144,8 @@ def test_every_panel_returns_data_from_real_prometheus(tmp_path):
     procs, targets = [], []
     gate = tmp_path / "gate.json"
     gate.write_text(json.dumps({"verdict": "keep", "timestamp": time.time(),
-                                "levels": [{"concurrency": 1, "speedup": 1.4, "breakeven_al": 1.43}]}))
+                                "levels": [{"concurrency": 1, "speedup": 1.4, "breakeven_al": 1.43,
+                                            "acceptance_length": 1.82, "step_ratio": 1.3}]}))
     # ports chosen now: a real exporter (or anything) on 9400/9100 must neither clash with nor feed this test
     dcgm_port, node_port = free_port("127.0.0.2"), free_port("127.0.0.2")
     dcgm = http.server.ThreadingHTTPServer(("127.0.0.2", dcgm_port), type("D", (_Static,), {
@@ -127,7 +155,8 @@ def test_every_panel_returns_data_from_real_prometheus(tmp_path):
         for engine, addr in hosts.items():
             ep, xp = free_port(addr), free_port(addr)
             procs.append(start_sim(engine, addr, ep))
-            procs.append(start_exporter(engine, f"http://{addr}:{ep}", addr, xp, gate_file=gate))
+            procs.append(start_exporter(engine, f"http://{addr}:{ep}", addr, xp, gate_file=gate,
+                                        info=("spec_tokens=3",)))  # the sims draft k=3, as the unit would say
             targets.append({"host": f"{engine}-host", "address": addr, "engine": engine, "engine_port": ep,
                             "exporter_port": xp, "dcgm_port": dcgm_port, "node_port": node_port})
         rules = tmp_path / "rules.yml"
