@@ -396,6 +396,7 @@ class Outcome:
     probe_taps: list | None
     uses_aux: bool | None
     compared: set  # the classes compared (the engine stops at a config it refuses)
+    raw: dict | None = None  # the probe's answer for this pair
 
     @property
     def agree(self) -> bool:
@@ -407,36 +408,43 @@ class Outcome:
 def compare(root: Path, version: str, python: str, vs: list[Variant] | None = None,
             timeout: float = 1800.0) -> tuple[list[Outcome], float]:
     """Run the doctor and the probe (one engine process for every variant) on ``version``."""
+    vs = variants() if vs is None else vs
+    pairs = [(v.name, *write_variant(root, v), v.target.partition("+")[0] in REMOTE_CODE) for v in vs]
+    return compare_pairs(pairs, version, python, timeout)
+
+
+def compare_pairs(pairs: list[tuple[str, Path, Path, bool]], version: str, python: str,
+                  timeout: float = 1800.0) -> tuple[list[Outcome], float]:
+    """The doctor and the probe on (name, target dir, drafter dir, trust_remote_code) pairs, one engine process
+    for all of them; (an outcome per pair, the probe's seconds)."""
     import time
 
     from specdeploy.checks.probe import case_findings, run_cases
     from specdeploy.drafter import check, engine_taps
     from specdeploy.drafter.model import Drafter
     from specdeploy.checkpoint.modelcfg import TargetModel
-    vs = variants() if vs is None else vs
-    dirs = {v.name: write_variant(root, v) for v in vs}
-    cases = [{"id": v.name, "target": str(t), "drafter": str(d),
-              "trust_remote_code": v.target.partition("+")[0] in REMOTE_CODE} for v, (t, d) in zip(vs, dirs.values())]
+    cases = [{"id": name, "target": str(t), "drafter": str(d), "trust_remote_code": bool(remote)}
+             for name, t, d, remote in pairs]
     t0 = time.perf_counter()
     run = run_cases(ENGINE, version, cases, python, timeout=timeout)
     seconds = time.perf_counter() - t0
     if not run.ran:
         raise SpecdeployError(f"the probe did not run: {run.why}")
     out = []
-    for v in vs:
-        t, d = dirs[v.name]
+    for name, t, d, _remote in pairs:
         try:
             rep = check(d, t, ENGINE, version)
             dc = doctor_classes(rep)
             taps = engine_taps(Drafter.load(d), TargetModel.load(t), ENGINE, version)[0]
         except SpecdeployError:
             dc, taps = {"config"}, None
-        c = run.cases.get(v.name, {})
+        c = run.cases.get(name, {})
         pc = probe_classes(case_findings(c, ENGINE, version))
         refused = any(p.get("stage") in ("speculative_config", "target_config", "drafter_build")
                       for p in c.get("problems", [])) and not c.get("target_check_bypassed")
         compared = {"target", "config"} if refused else set(LOAD)
-        out.append(Outcome(v.name, dc, pc, taps, c.get("aux_layers"), c.get("uses_aux_hidden_states"), compared))
+        out.append(Outcome(name, dc, pc, taps, c.get("aux_layers"), c.get("uses_aux_hidden_states"), compared,
+                           c))
     return out, seconds
 
 
