@@ -11,6 +11,7 @@ from packaging.version import Version
 from specdeploy.drafter import check, convert, is_convertible
 from specdeploy.values.errors import SpecdeployError
 from specdeploy.testing.fixtures import drafter_config, write_drafter
+from specdeploy.testing.drafter_corpus import write_drafter as corpus_drafter
 from specdeploy.checkpoint.safetensors_io import checkpoint_tensors
 from helpers import TESTS
 
@@ -182,33 +183,6 @@ def test_cli_json_and_exit_codes(tmp_path, target):
 CORPUS = sorted((TESTS / "data" / "drafters" / "corpus").glob("*.json"))
 
 
-def build_corpus_drafter(entry: dict, root: Path, path: Path) -> Path:
-    """A sparse checkpoint with the recorded names and shapes; d2t/t2d from a draft vocabulary holding the
-    recorded forced ids and none of the excluded ones."""
-    import struct
-
-    from specdeploy.checkpoint.safetensors_io import write_sparse
-    path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps(entry["config"]))
-    specs = {n: (dt, tuple(shape)) for n, (dt, shape) in entry["tensors"].items()}
-    data = {}
-    if "d2t" in specs:
-        dv, vocab = specs["d2t"][1][0], entry["config"].get("vocab_size") or entry["config"][
-            "transformer_layer_config"]["vocab_size"]
-        force, exclude = set(entry["d2t"]["force"]), set(entry["d2t"]["exclude"])
-        sel = sorted(force | set([i for i in range(dv + len(exclude)) if i not in exclude and i not in force]
-                                 [:dv - len(force)]))
-        assert len(sel) == dv
-        data["d2t"] = struct.pack(f"<{dv}q", *[t - i for i, t in enumerate(sel)])
-        if "t2d" in specs:
-            mask = bytearray(vocab)
-            for t in sel:
-                mask[t] = 1
-            data["t2d"] = bytes(mask)
-    write_sparse(path / "model.safetensors", specs, data)
-    return path
-
-
 def corpus_cases():
     """One case per (drafter, engine release): an entry's truth per engine is one verdict or a list of them,
     each derived from that release's loader sources (its "why")."""
@@ -232,7 +206,7 @@ def test_corpus_is_real_and_large_enough():
 def test_corpus_verdicts(tmp_path, repo, entry, engine, truth):
     target = repo / "tests/data/drafters" / entry["target"] if entry["target"].startswith("targets/") \
         else repo / entry["target"]
-    d = build_corpus_drafter(entry, repo, tmp_path / "d")
+    d = corpus_drafter(entry, tmp_path / "d")
     rep = check(d, target, engine, truth["version"])
     errs = errors(rep)
     assert set(errs) == set(truth["defects"]), [f.line() for f in rep.findings]
@@ -332,7 +306,7 @@ def test_eos_without_tokenizer_files_is_a_warning_and_does_not_block_convert(tmp
     # gpt-oss: config.json's eos is <|return|> 200002, the template ends a message with <|end|> 200007
     entry = _corpus_entry("specforge-gpt-oss-120b-eagle3")
     entry["d2t"] = {"force": [200007], "exclude": [199999, 200002, 200012]}
-    d = build_corpus_drafter(entry, repo, tmp_path / "d")
+    d = corpus_drafter(entry, tmp_path / "d")
     full = repo / "tests/data/drafters/targets/gpt-oss-120b"
     assert check(d, full, "sglang", "0.5.23").ok  # the tokenizer says <|end|> ends a turn: it is drafted
     bare = tmp_path / "gpt-oss-config-only"
@@ -358,7 +332,7 @@ LLAMA_TARGET = "tests/data/drafters/targets/llama-3.1-8b-instruct"
 def _variant(tmp_path, repo, name, edit, base="lmsys-sglang-eagle3-llama3.1-instruct-8b"):
     entry = json.loads(json.dumps(_corpus_entry(base)))
     edit(entry["config"], entry["tensors"])
-    return build_corpus_drafter(entry, repo, tmp_path / name)
+    return corpus_drafter(entry, tmp_path / name)
 
 
 def _verdicts(d, target, cases):
@@ -526,7 +500,7 @@ def test_target_class_must_implement_eagle3(tmp_path, repo):
     """The target's architecture decides: Qwen3-Next is no vLLM 0.16/0.17 EAGLE-3 target (no SupportsEagle3) but is one
     for SGLang; Step-3.5 is none for either; a release between two read ones is known only where they agree."""
     entry = _corpus_entry("specforge-qwen3-8b-eagle3")
-    d = build_corpus_drafter(entry, repo, tmp_path / "d")
+    d = corpus_drafter(entry, tmp_path / "d")
     src = json.loads((repo / "tests/data/drafters/targets/qwen3-8b/config.json").read_text())
 
     def target(name, arch, model_type):
@@ -618,7 +592,7 @@ def test_corpus_variants_change_the_verdict_as_the_loader_says(tmp_path, repo, e
         edit(e["config"], e["tensors"])
         if "d2t" not in e["tensors"]:
             e.pop("d2t", None)
-        d = build_corpus_drafter(e, repo, tmp_path / name)
+        d = corpus_drafter(e, tmp_path / name)
         rep = check(d, target, engine, version)
         got = set(errors(rep))
         assert got == expect[engine], (name, [f.line() for f in rep.findings if f.severity != "info"])
