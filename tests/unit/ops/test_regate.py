@@ -25,7 +25,8 @@ def _alert(host, state="firing", action="regate", name="SpecdeploySpeculationBel
 
 
 ANSWER = {"status": "success", "data": {"alerts": [
-    _alert("gpu-a"), _alert("gpu-b", state="pending"), _alert("gpu-c", action=None, name="SpecdeployLowAcceptanceLength"),
+    _alert("gpu-a"), _alert("gpu-b", state="pending"),
+    _alert("gpu-c", action=None, name="SpecdeployLowAcceptanceLength"),
     _alert("gpu-a", name="SpecdeploySpeculationBelowBreakeven"), _alert("elsewhere"), {"labels": "x"}, 7]}}
 
 
