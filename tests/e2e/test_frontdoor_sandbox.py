@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -112,11 +113,13 @@ def test_a_vaulted_inventory_plans_and_deploys_as_ansible_playbook_does(fleet, t
     r = sd("deploy", "-i", str(vaulted), "--vault-password-file", str(pw), "--events", str(ev))
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "2/2 hosts ok" in r.stdout and name not in ev.read_text() and (ev.stat().st_mode & 0o777) == 0o600
+    # ansible-playbook itself reads the vaulted value as well (one host is enough to show it)
     a = subprocess.run(["ansible-playbook", "-i", str(vaulted), str(REPO / "ansible" / "deploy.yml"),
-                        "--vault-password-file", str(pw)], capture_output=True, text=True, cwd=REPO, timeout=1200)
+                        "--vault-password-file", str(pw), "--limit", hosts[0].name], capture_output=True, text=True,
+                       cwd=REPO, timeout=1200)
     assert a.returncode == 0, a.stdout[-3000:]
-    for h in hosts:
-        assert f"{h.name}" in a.stdout and "failed=0" in a.stdout
+    assert re.search(rf"^{re.escape(hosts[0].name)}\s+:\s+ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0",
+                     a.stdout, re.M), a.stdout[-3000:]
 
     none = sd("deploy", "-i", str(vaulted), "--events", str(tmp_path / "none.jsonl"))
     assert none.returncode != 0 and "specdeploy_engines.yml" in none.stdout + none.stderr, none.stdout[-2000:]
