@@ -306,6 +306,10 @@ def test_gate_keeps_speculation_that_pays_then_regates_it_when_acceptance_falls(
                             f"http://{H1}:9090", "--state", str(state), "--json"], capture_output=True, text=True,
                            cwd=REPO, timeout=120)
         assert r.returncode == 0 and all(h["action"] == "skipped" for h in json.loads(r.stdout)["hosts"]), r.stdout
+        # rollback right after the re-gate: back to the release that served before it, speculation on
+        rc, out, _ = play(inv, playbook="rollback.yml", limit="sdhost2")
+        assert rc == 0, out[-3000:]
+        assert "--speculative-config" in ssh(H2, "cat /etc/specdeploy/specdeploy-vllm.argv")
     finally:
         stop.set()
         ssh(H2, f"rm -f {ACCEPTANCE_FILE}")
