@@ -340,8 +340,8 @@ def host_result(hv, stdout: str, stderr: str, rc, doctor: str = "") -> dict:
     disagreement is shown with both sides (the engine's verdict is the one that counts)."""
     from specdeploy.plan.render.runtime import engine_image
     a = get(hv.specdeploy_engine)(hv.specdeploy_engine_version)
-    where = (f"the image this release starts ({engine_image(hv)})" if engine_image(hv)
-             else f"the engine's venv ({hv.specdeploy_venv_path})")
+    image = engine_image(hv)
+    where = f"the image this release starts ({image})" if image else f"the engine's venv ({hv.engine_venv})"
     run = parse_output(str(stdout or "")[:MAX_OUTPUT], str(stderr or ""), rc, where)
     out = {"ran": run.ran, "errors": [], "warnings": [], "info": [], "version": run.version,
            "seconds": run.seconds}

@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdeploy.speculation.metrics import REGATE_LABEL as ACTION
 from specdeploy.values import peerhttp
 from specdeploy.values.errors import Finding, SpecdeployError
 
-ACTION = ("specdeploy_action", "regate")  # speculation/monitoring.py REGATE_LABEL, the rules' label
 MAX_STATE = 1 << 20
 
 

@@ -439,8 +439,8 @@ def chart(report: dict, out: Path) -> Path | None:
     cs = [str(lv["concurrency"]) for lv in report["levels"]]
     sp = [lv.get("speedup") or 0 for lv in report["levels"]]
     colors = ["tab:green" if s >= 1 + report["margin"] else "tab:red" for s in sp]
-    err = [[max(0.0, s - (lv.get("speedup_interval") or [s, s])[0]) for s, lv in zip(sp, report["levels"])],
-           [max(0.0, (lv.get("speedup_interval") or [s, s])[1] - s) for s, lv in zip(sp, report["levels"])]]
+    ivs = [lv.get("speedup_interval") or [s, s] for s, lv in zip(sp, report["levels"])]
+    err = [[max(0.0, s - iv[0]) for s, iv in zip(sp, ivs)], [max(0.0, iv[1] - s) for s, iv in zip(sp, ivs)]]
     a2.bar(cs, sp, color=colors, yerr=err, capsize=6, label="speculative / baseline, 95% interval")
     for i, lv in enumerate(report["levels"]):  # the A/A line: the baseline against itself
         aa = lv.get("baseline_aa") or lv.get("aa")

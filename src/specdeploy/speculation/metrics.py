@@ -80,6 +80,8 @@ Q_SPEC_ON = 'max by (host) (specdeploy_engine_info{spec_tokens!="0",spec_tokens!
 # averaged, as its verdict weighs them)
 Q_PREDICTED_SPEEDUP = ("specdeploy_spec_acceptance_length / on (host) "
                        "avg by (host) (specdeploy_gate_step_ratio)")
+# the label of the alerts that ask `specdeploy regate` for a new gate run on their host
+REGATE_LABEL = ("specdeploy_action", "regate")
 # the live acceptance length against the gate's own measurement
 Q_AL_VS_GATE = ("specdeploy_spec_acceptance_length / on (host) "
                 "avg by (host) (specdeploy_gate_acceptance_length)")

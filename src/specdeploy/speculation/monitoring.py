@@ -19,8 +19,7 @@ RULE_DEFAULTS = {"eval_interval": "15s", "ready_timeout": "1h", "min_acceptance_
                  # the continuous gate: how long the live figures must stay below the gate's before a re-gate,
                  # and how far acceptance may decay against the gate's measurement before a warning
                  "regate_after": "10m", "al_decay": 0.9, "al_decay_for": "30m"}
-# the label `specdeploy regate` acts on (alerts that ask for a new gate run on their host)
-REGATE_LABEL = ("specdeploy_action", "regate")
+REGATE_LABEL = M.REGATE_LABEL
 
 
 def render_rules(**overrides) -> str:
