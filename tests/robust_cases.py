@@ -493,6 +493,16 @@ def argument_cases() -> list[Case]:
                   ("--out", "--url")))
     c.append(Case("report-out-dir", ["report", "--prometheus", "{closed}", "--out", "{root}/models"],
                   ("--out", "--prometheus")))
+    # the canary: impossible options, an unknown host, and hosts whose exporters do not answer (nothing deployed)
+    canary = ["canary", "-i", "{inv}", "--out", "{out}/c"]
+    for label, extra, names in (("host-unknown", ["--host", "gpu-z"], ("--host",)),
+                                ("control-self", ["--host", "gpu-a", "--control", "gpu-a"], ("--control",)),
+                                ("rounds-1", ["--host", "gpu-a", "--rounds", "1"], ("--rounds",)),
+                                ("concurrency-0", ["--host", "gpu-a", "--concurrency", "0"], ("--concurrency",)),
+                                ("tolerance-2", ["--host", "gpu-a", "--tolerance", "2"], ("--tolerance",)),
+                                ("tolerance-nan", ["--host", "gpu-a", "--tolerance", "nan"], ("--tolerance",)),
+                                ("no-exporter", ["--host", "gpu-a"], ("serving release",))):
+        c.append(Case(f"canary-{label}", canary + extra, names))
     c.append(Case("tune-all-crash", ["nccl", "tune", "--gpus", "1", "--only", "default", "--no-aa", "--modes",
                                      "eager", "--iters", "1", "--timeout", "30", "--out", "{out}/t.json"],
                   ("runs ok", "crash", "--out", "nccl tune"), timeout=60))

@@ -344,6 +344,44 @@ def test_gate_disables_net_negative_speculation(inv):
         shutil.rmtree(inv / "host_vars", ignore_errors=True)
 
 
+def test_canary_with_a_worse_drafter_is_not_promoted_and_the_fleet_stays_on_the_serving_release(inv, tmp_path):
+    """`specdeploy canary` deploys a change to one host, measures it against the other at matched load and rolls
+    it back when it loses. The change is a drafter that accepts far less (the simulator's acceptance for that
+    release, 0.2 instead of the serving 0.7): its acceptance length and time per output token are worse, so
+    it is not promoted, sdhost2 goes back to the release it served and sdhost1 is never touched."""
+    import yaml
+    group = yaml.safe_load((inv / "group_vars/specdeploy_engines.yml").read_text())
+    before = {h: ssh(h, "cat /var/lib/specdeploy/current").strip() for h in (H1, H2)}
+    pid1 = ssh(H1, "systemctl show -p MainPID --value specdeploy-vllm").strip()
+    worse = json.dumps({"specdeploy_engine_env": {**group["specdeploy_engine_env"],
+                                                  "SPECDEPLOY_SIM_ACCEPTANCE": "0.2"}})
+    out = tmp_path / "canary"
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "canary", "-i", str(inv), "--host", "sdhost2",
+                        "-e", worse, "--rounds", "4", "--requests", "4", "--concurrency", "2", "--max-tokens", "32",
+                        "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=1800)
+    log = r.stdout + r.stderr
+    assert r.returncode == 1, log[-4000:]  # not promoted, fleet on its serving releases
+    rep = json.loads((out / "canary.json").read_text())
+    assert rep["canary_deploy_rc"] == 0 and rep["canary_release"] != before[H2], log[-3000:]
+    d = rep["decision"]
+    assert d["decision"] == "reject", d
+    al = d["criteria"]["acceptance_length"]
+    assert al["ok"] is False and al["canary"] < al["control"], al
+    tp = d["criteria"]["tpot"]
+    assert tp["ok"] is False and tp["canary_ms"] > tp["control_ms"] and tp["interval"][1] < 1, tp
+    assert len(rep["sides"]["canary"]["rounds"]) == len(rep["sides"]["control"]["rounds"]) == 4
+    assert "canary sdhost2: not promoted - acceptance length" in log and "rolling it back" in log
+    assert rep["rollback_rc"] == 0 and rep["fleet_on_serving"] is True
+    assert (out / "canary.png").stat().st_size > 1000
+    for h in (H1, H2):
+        assert ssh(h, "cat /var/lib/specdeploy/current").strip() == before[h]
+    # the serving release sets no simulator acceptance: nothing of the canary's change is left on the host
+    assert ssh(H2, "grep -rl SPECDEPLOY_SIM_ACCEPTANCE /etc/specdeploy /etc/systemd/system; echo done").split() \
+        == ["done"]
+    assert ssh(H1, "systemctl show -p MainPID --value specdeploy-vllm").strip() == pid1  # the control never restarted
+    assert chat(ROUTER)["choices"]
+
+
 def test_engine_switch_vllm_to_sglang(inv):
     rc, out, recap = play(inv, "specdeploy_engine=sglang", "specdeploy_engine_version=0.5.23",
                           "specdeploy_spec_num_tokens=4")

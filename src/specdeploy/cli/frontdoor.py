@@ -1,4 +1,4 @@
-"""``specdeploy deploy|rollback|verify``, ``status``, ``regate`` and ``report``."""
+"""``specdeploy deploy|rollback|verify``, ``status``, ``regate``, ``canary`` and ``report``."""
 from __future__ import annotations
 
 import json
@@ -290,6 +290,68 @@ def regate_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
             break
         time.sleep(watch)
     raise typer.Exit(1 if any(d.get("rc") not in (None, 0) for d in done) else 0)
+
+
+@app.command("canary")
+def canary_cmd(inventory: str = Inventory,
+               host: str = typer.Option(..., "--host", help="the engine host that takes the change first"),
+               extra_vars: Optional[List[str]] = ExtraVars,
+               control: Optional[str] = typer.Option(None, "--control", help="the host on the serving release it "
+                                                     "is measured against (default: the first other engine host)"),
+               concurrency: int = typer.Option(4, "--concurrency", help="matched load: streams on each side"),
+               requests: int = typer.Option(8, "--requests", help="requests per round and side"),
+               rounds: int = typer.Option(6, "--rounds", help="interleaved rounds per side (at least 2)"),
+               max_tokens: int = typer.Option(64, "--max-tokens"),
+               tolerance: float = typer.Option(0.05, "--tolerance", help="how far the bottom of a 95%% interval "
+                                               "may reach below 1 (noise) when the point beats the serving release"),
+               out: Path = typer.Option(Path(".cache/canary"), "--out", help="directory for canary.json and "
+                                        "canary.png"),
+               as_json: bool = Json,
+               vault_id: Optional[List[str]] = VaultIds,
+               vault_password_file: Optional[List[str]] = VaultPasswordFiles):
+    """A canary for a new drafter or release: deploy the change (-e, or what the inventory now holds) to one host,
+    measure it against a host on the serving release at matched load, and promote it to every host only when its
+    time per output token and acceptance length beat the serving ones; otherwise roll the canary back."""
+    from specdeploy.hostvars.argcheck import finite
+    from specdeploy.hostvars.inventory import parse_extra_vars
+    from specdeploy.ops.canary import canary
+    from specdeploy.ops.fleet import targets
+    from specdeploy.values.peerhttp import PeerError
+    from specdeploy.values.errors import Finding
+    try:
+        for name, v, lo in (("--concurrency", concurrency, 1), ("--requests", requests, 1), ("--rounds", rounds, 2),
+                            ("--max-tokens", max_tokens, 1)):
+            if v < lo:
+                raise SpecdeployError([Finding("error", name, f"{v} is below {lo}", f"give {name} >= {lo}")])
+        finite(tolerance, "--tolerance", positive=False)
+        if not 0 <= tolerance < 1:
+            raise SpecdeployError([Finding("error", "--tolerance", f"{tolerance} is outside [0, 1)",
+                                           "give a fraction such as 0.05")])
+        secrets = vault(vault_id, vault_password_file)
+        extra = parse_extra_vars(extra_vars, secrets, set(), [])
+        hosts, _ = targets(inventory, None, extra, secrets)
+    except SpecdeployError as exc:
+        fail(exc)
+    def say(m: str) -> None:
+        print(m, file=sys.stderr if as_json else sys.stdout, flush=True)
+    try:
+        rep = canary(inventory, host, list(extra_vars or []), hosts, control, concurrency, requests, max_tokens,
+                     rounds, tolerance, out, say=say,
+                     passthrough=[a for v in vault_id or [] for a in ("--vault-id", v)]
+                     + [a for v in vault_password_file or [] for a in ("--vault-password-file", v)])
+    except PeerError as exc:
+        error("canary", f"an engine did not answer the measurement: {exc}", "check the hosts with specdeploy status; "
+              "the canary host may need `specdeploy rollback --limit HOST`")
+    except SpecdeployError as exc:
+        fail(exc)
+    if as_json:
+        print(json.dumps(rep), flush=True)
+    else:
+        print(f"canary {host}: {rep['decision']['decision']}; fleet "
+              + ("on its serving releases" if rep["fleet_on_serving"] else f"now on {rep['after']}")
+              + f" (report: {out / 'canary.json'})")
+    promoted = rep["decision"]["decision"] == "promote" and rep.get("promote_rc") == 0
+    raise typer.Exit(0 if promoted else 1 if rep["fleet_on_serving"] else 2)
 
 
 @app.command("report")
