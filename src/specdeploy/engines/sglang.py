@@ -48,6 +48,11 @@ FLAGS = {f: Span() for f in (
     "--tool-call-parser", "--reasoning-parser", "--watchdog-timeout",
     "--dist-timeout", "--page-size", "--moe-runner-backend")}
 FLAGS["--config"] = CAPABILITIES["config_file"]
+# Scheduler metrics are recorded on attention-TP rank 0 only unless this is set (scheduler.py in 0.5.1 and 0.5.6,
+# observability/scheduler_metrics_mixin.py in 0.5.10, observability/metrics_collector.py in 0.5.23): present in
+# every release the adapter takes. Each scheduler's series carries tp_rank, pp_rank, moe_ep_rank and, under DP,
+# dp_rank; the exporter aggregates them (speculation/exporter.py).
+FLAGS["--enable-metrics-for-all-schedulers"] = Span()
 FLAGS["--speculative-draft-model-quantization"] = Span("0.5.7")  # absent in 0.5.6.post2, present in 0.5.7
 
 # All-reduce paths in front of NCCL, read from sglang/srt/distributed/ (custom_all_reduce.py,
@@ -175,6 +180,9 @@ class SGLang(EngineAdapter):
         spec_gauges={
             "acceptance_length": "sglang:spec_accept_length",
             "acceptance_rate": "sglang:spec_accept_rate",
+            # a scheduler's generated tokens per second over the same logging interval as its acceptance gauges:
+            # the weight of its figures when DP groups are aggregated
+            "throughput": "sglang:gen_throughput",
         },
         serving={
             "ttft": "sglang:time_to_first_token_seconds",
@@ -251,6 +259,8 @@ class SGLang(EngineAdapter):
                 "--tp-size", str(hv.tp),
                 "--mem-fraction-static", str(hv.specdeploy_gpu_memory_utilization),
                 "--enable-metrics"]
+        if self.flag_exists("--enable-metrics-for-all-schedulers"):
+            argv.append("--enable-metrics-for-all-schedulers")
         if hv.specdeploy_expert_parallel:
             argv += ["--ep-size", str(hv.tp)]
         if hv.specdeploy_max_model_len:
@@ -377,7 +387,8 @@ class SGLangSim(SimBehaviour):
     argv_head = ("python", "-m", "sglang.launch_server")
     usage = "usage: python -m sglang.launch_server --model-path PATH [options]"
     prog = "launch_server"
-    booleans = frozenset({"--trust-remote-code", "--enable-metrics", "--disable-custom-all-reduce"})
+    booleans = frozenset({"--trust-remote-code", "--enable-metrics", "--disable-custom-all-reduce",
+                          "--enable-metrics-for-all-schedulers"})
     int_flags = frozenset({"--port", "--tp-size", "--ep-size", "--context-length", "--speculative-num-steps",
                            "--speculative-eagle-topk", "--speculative-num-draft-tokens"})
     tp_option = "tp_size"

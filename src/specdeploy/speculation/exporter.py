@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import threading
 import time
 from collections import deque
@@ -59,13 +60,49 @@ class ParseError(ValueError):
     pass
 
 
+def aggregate_ranks(ranks: list[tuple[tuple, dict[str, float]]]) -> tuple[float | None, float | None]:
+    """(acceptance length, acceptance rate) of an engine whose schedulers publish acceptance gauges (SGLang).
+
+    Each scheduler's gauges cover its own recent batches: AL = accepted tokens / forwards, and its generated-token
+    throughput is accepted tokens per second over the same interval. Schedulers with the same ``dp_rank`` label
+    (none: one group) belong to one attention group and report the same batches, so a group counts once (the
+    mean of its members). Across DP groups the engine's figure is total accepted tokens over total forwards: the
+    harmonic mean of the groups' AL weighted by their throughput; the rate is weighted by each group's forwards
+    (throughput / AL). Without a positive throughput for every group, the plain mean. A scheduler whose AL is
+    below 1 (0: no traffic yet, or speculation off) or not finite has no figure and is left out."""
+    groups: dict[str, list[dict[str, float]]] = {}
+    for labels, g in ranks:
+        al = g.get("acceptance_length")
+        if al is None or not math.isfinite(al) or al < 1.0:
+            continue
+        groups.setdefault(dict(labels).get("dp_rank", ""), []).append(g)
+    if not groups:
+        return None, None
+    als, rates, tps = [], [], []
+    for members in groups.values():
+        als.append(statistics.fmean(m["acceptance_length"] for m in members))
+        r = [m["acceptance_rate"] for m in members if math.isfinite(m.get("acceptance_rate", math.nan))]
+        rates.append(statistics.fmean(r) if r else None)
+        t = [m["throughput"] for m in members if math.isfinite(m.get("throughput", math.nan))]
+        tps.append(statistics.fmean(t) if t else None)
+    weighted = len(groups) > 1 and all(t is not None and t > 0 for t in tps)
+    if weighted:
+        forwards = [t / a for t, a in zip(tps, als)]
+        al = sum(tps) / sum(forwards)
+    else:
+        forwards = [1.0] * len(als)
+        al = statistics.fmean(als)
+    known = [(f, r) for f, r in zip(forwards, rates) if r is not None]
+    rate = sum(f * r for f, r in known) / sum(f for f, _ in known) if known else None
+    return al, rate
+
+
 def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
     counters, gauges = get(engine).metrics.spec_counters, get(engine).metrics.spec_gauges
     itl = get(engine).metrics.serving.get("itl")
     s = Sample(t)
     found = False
-    gauge_al: list[float] = []
-    gauge_rate: list[float] = []
+    ranks: dict[tuple, dict[str, float]] = {}  # a scheduler's series (all its labels) -> its gauges
     own = False
     try:
         for fam in text_string_to_metric_families(text):  # one family at a time: a big page is never held parsed
@@ -91,12 +128,10 @@ def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
                         continue
                     found = s.has_counters = True
                 else:
-                    if smp.name == gauges.get("acceptance_length"):
-                        gauge_al.append(smp.value)
-                        found = True
-                    elif smp.name == gauges.get("acceptance_rate"):
-                        gauge_rate.append(smp.value)
-                        found = True
+                    for key in ("acceptance_length", "acceptance_rate", "throughput"):
+                        if smp.name == gauges.get(key):
+                            ranks.setdefault(tuple(sorted(smp.labels.items())), {})[key] = smp.value
+                            found = found or key != "throughput"
     except Exception as exc:  # the parser raises bare ValueErrors and more on garbage
         raise ParseError(f"unparsable /metrics: {exc}") from None
     if not found and not own:
@@ -104,19 +139,7 @@ def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
     if not all(math.isfinite(v) for v in (s.drafts, s.draft_tokens, s.accepted, s.itl_sum, s.itl_count,
                                           *s.per_pos.values())):
         raise ParseError("a speculative counter is NaN or infinite")
-    if len(gauge_rate) == len(gauge_al):  # a rank whose gauges are NaN or infinite has no figure
-        pairs = [(al, r) for al, r in zip(gauge_al, gauge_rate) if math.isfinite(al) and math.isfinite(r)]
-        gauge_al, gauge_rate = [al for al, _ in pairs], [r for _, r in pairs]
-    else:
-        gauge_al, gauge_rate = [v for v in gauge_al if math.isfinite(v)], [v for v in gauge_rate if math.isfinite(v)]
-    # gauges: one per rank; ranks without a figure (0: no traffic yet, or speculation off) say nothing
-    real = [al for al in gauge_al if al >= 1.0]
-    if real:
-        s.al = sum(real) / len(real)
-        rates = [r for al, r in zip(gauge_al, gauge_rate) if al >= 1.0] if len(gauge_rate) == len(gauge_al) \
-            else gauge_rate
-        if rates:
-            s.rate = sum(rates) / len(rates)
+    s.al, s.rate = aggregate_ranks(list(ranks.items()))
     return s
 
 
