@@ -66,7 +66,8 @@ def measure(control: tuple[str, str], candidate: tuple[str, str], engine: str, c
             s = sides[i]
             lv = run_level(s.url, engine, models[i], prompts, concurrency, requests, max_tokens, headers, rounds=1)
             lv["tpot_ms"] = tpot_ms(lv)
-            lv.pop("rounds_tps", None), lv.pop("aa", None)
+            for key in ("rounds_tps", "aa"):  # one round: no spread within it
+                lv.pop(key, None)
             s.rounds.append(lv)
             al = lv.get("acceptance_length")
             line = f"canary: round {r + 1}/{rounds} {('control', 'canary')[i]} {s.host}: "
@@ -235,10 +236,10 @@ def canary(inventory: str, host: str, extra_vars: list[str], targets, control: s
     report["fleet_on_serving"] = after == before
     if d["decision"] != "promote" and after != before:
         say(f"canary {host}: the fleet is NOT back on its serving releases: {after} (was {before})")
+    report["at"] = time.time()
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "canary.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
         if "sides" in report:
             chart(report, out_dir / "canary.png")
-    report["at"] = time.time()
     return report
