@@ -503,6 +503,28 @@ def argument_cases() -> list[Case]:
                                 ("tolerance-nan", ["--host", "gpu-a", "--tolerance", "nan"], ("--tolerance",)),
                                 ("no-exporter", ["--host", "gpu-a"], ("serving release",))):
         c.append(Case(f"canary-{label}", canary + extra, names))
+    # k per load band: impossible schedules, and a release that takes one k for every load
+    spec = {"specdeploy_spec_enabled": True, "specdeploy_spec_num_tokens": 3, "specdeploy_engine_version": "0.32.0"}
+    for label, bands, extra, names in (
+            ("k-by-batch-from-2", [{"from_batch": 2, "k": 3}], {}, ("specdeploy_spec_k_by_batch[0].from_batch",)),
+            ("k-by-batch-k-above", [{"from_batch": 1, "k": 4}], {}, ("specdeploy_spec_k_by_batch[0].k",)),
+            ("k-by-batch-descending", [{"from_batch": 1, "k": 3}, {"from_batch": 9, "k": 1},
+                                       {"from_batch": 4, "k": 2}], {}, ("specdeploy_spec_k_by_batch",)),
+            ("k-by-batch-all-zero", [{"from_batch": 1, "k": 0}], {}, ("specdeploy_spec_k_by_batch",)),
+            ("k-by-batch-extra-key", [{"from_batch": 1, "k": 3}],
+             {"specdeploy_spec_config_extra": {"num_speculative_tokens_per_batch_size": [[1, 9, 3]]}},
+             ("num_speculative_tokens_per_batch_size",)),
+            ("k-by-batch-old-vllm", [{"from_batch": 1, "k": 3}, {"from_batch": 8, "k": 1}],
+             {"specdeploy_engine_version": "0.18.0"}, ("specdeploy_spec_k_by_batch",)),
+            ("k-by-batch-sglang", [{"from_batch": 1, "k": 3}, {"from_batch": 8, "k": 1}],
+             {"specdeploy_engine": "sglang", "specdeploy_engine_version": "0.5.9"}, ("specdeploy_spec_k_by_batch",)),
+            ("k-by-batch-unknown-key", [{"from_batch": 1, "k": 3, "until": 8}], {}, ("until",))):
+        e = json.dumps({**spec, "specdeploy_spec_k_by_batch": bands, **extra})
+        c.append(Case(f"plan-{label}", ["plan", "--json", "-i", "{inv}", "-e", e], names))
+    for label, w in (("short", "1"), ("negative", "1,-1"), ("zero", "0,0"), ("nan", "nan,1"), ("word", "a,b"),
+                     ("empty-item", "1,")):
+        c.append(Case(f"gate-weights-{label}", ["gate", "--url", "{closed}", "--concurrency", "1,8", "--weights", w,
+                                                "--out", "{out}/g"], ("--weights",)))
     c.append(Case("tune-all-crash", ["nccl", "tune", "--gpus", "1", "--only", "default", "--no-aa", "--modes",
                                      "eager", "--iters", "1", "--timeout", "30", "--out", "{out}/t.json"],
                   ("runs ok", "crash", "--out", "nccl tune"), timeout=60))

@@ -126,10 +126,16 @@ def specdeploy_router_unit(hostvars, hosts, router_port, venv):
     return render_router(urls, int(router_port), venv)
 
 
-def specdeploy_gate_verdict(report):
-    """The inventory overrides that apply a gate report's verdict."""
+def specdeploy_gate_verdict(report, variables=None, host=None):
+    """The inventory overrides that apply a gate report's verdict; with the host's variables, a k per load band
+    where its engine release takes one."""
+    from specdeploy.engines import get_adapter
     from specdeploy.speculation.gate import verdict_overrides
-    return verdict_overrides(_plain(report))
+    per_batch = False
+    if variables is not None:
+        _, hv = _validated(variables, host)
+        per_batch = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version).takes_k_by_batch()
+    return verdict_overrides(_plain(report), per_batch)
 
 
 def specdeploy_gather_script(_=None):

@@ -26,6 +26,9 @@ from specdeploy.testing import realrun, tinymodels
 pytestmark = pytest.mark.realengine
 
 K = 1  # the good drafter predicts the first draft position only (tinymodels)
+# The good drafter's engine speculates at one running request only: k per load band, as the gate writes it and
+# vLLM takes it (num_speculative_tokens_per_batch_size); from two running requests on it drafts nothing.
+BANDS = {"specdeploy_spec_k_by_batch": [{"from_batch": 1, "k": K}, {"from_batch": 2, "k": 0}]}
 GATE = dict(concurrency=[1], requests=16, max_tokens=64)
 
 
@@ -40,8 +43,8 @@ def llama():
     return tinymodels.target("llama")
 
 
-def _serve(target, drafter, logdir):
-    eng = realrun.serve(realrun.host_vars(target, drafter, k=K), logdir)
+def _serve(target, drafter, logdir, extra=None):
+    eng = realrun.serve(realrun.host_vars(target, drafter, k=K, extra=extra), logdir)
     yield eng
     eng.stop()
 
@@ -59,7 +62,7 @@ def baseline(llama, logs):
 
 @pytest.fixture(scope="module")
 def good(baseline, llama, logs):
-    yield from _serve(llama, tinymodels.drafter("llama", "good"), logs / "good")
+    yield from _serve(llama, tinymodels.drafter("llama", "good"), logs / "good", BANDS)
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +103,8 @@ def triage(*files: Path) -> dict:
 
 # ---- the rendered command line and readiness -----------------------------------------------------------------
 def test_the_engine_runs_the_command_line_specdeploy_renders_and_passes_readiness(good, llama):
-    hv = realrun.host_vars(llama, tinymodels.drafter("llama", "good"), k=K, port=int(good.url.rsplit(":", 1)[1]))
+    hv = realrun.host_vars(llama, tinymodels.drafter("llama", "good"), k=K, port=int(good.url.rsplit(":", 1)[1]),
+                           extra=BANDS)
     plan = render_host(realrun.HOST, hv, "127.0.0.1")
     running = Path(f"/proc/{good.proc.pid}/cmdline").read_bytes().split(b"\0")[:-1]
     argv = [a.decode() for a in running]
@@ -109,7 +113,8 @@ def test_the_engine_runs_the_command_line_specdeploy_renders_and_passes_readines
     want = [a.replace(plan.drafter_path, hv.specdeploy_drafter_path) for a in plan.argv[1:]]
     assert argv[2:] == want
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert spec == {"method": "eagle3", "model": hv.specdeploy_drafter_path, "num_speculative_tokens": K}
+    assert spec == {"method": "eagle3", "model": hv.specdeploy_drafter_path, "num_speculative_tokens": K,
+                    "num_speculative_tokens_per_batch_size": [[1, 1, K], [2, 2, 0]]}
     assert good.ready.status == "ready" and good.ready.detail == f"{good.url}/health answered 200"
     assert good.ready.state["ActiveState"] == "active"
     assert good.answer["choices"][0]["message"]["content"]
@@ -147,6 +152,30 @@ def test_exporter_figures_equal_the_engines_metrics(good):
         assert e["specdeploy_spec_position_acceptance_rate"][(("position", p),)] == pytest.approx(v / t["drafts"])
     # the good drafter's first draft token is the target's own next token: nearly every draft is accepted
     assert t["accepted"] / t["drafts"] > 0.8
+
+
+def test_the_engine_speculates_per_load_band(good):
+    """k per load band in the real engine's scheduler: one request at a time drafts every step (k=1 at one
+    running request); eight at once, four running (--max-num-seqs 4) and the rest queued, draft only in the steps
+    where a single request is left (k=0 from two running requests), although the same drafter serves them. Without
+    the bands both would draft once per step of each request, about once per two tokens at this acceptance."""
+    import concurrent.futures
+
+    def drafts_per_token(parallel: int) -> float:
+        before, gen0 = parse_engine_metrics("vllm", good.metrics(), 0.0), _generated(good.metrics())
+        with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+            list(pool.map(lambda i: good.chat([{"role": "user", "content": f"write about the number {i}"}],
+                                              max_tokens=48), range(8 if parallel > 1 else 4)))
+        after = parse_engine_metrics("vllm", good.metrics(), 0.0)
+        return (after.drafts - before.drafts) / max(1.0, _generated(good.metrics()) - gen0)
+    alone, together = drafts_per_token(1), drafts_per_token(8)
+    assert alone > 0.3, alone  # about one draft per step, each step yielding up to two tokens
+    assert together < 0.5 * alone, (alone, together)
+
+
+def _generated(text: str) -> float:
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "vllm:generation_tokens_total")
 
 
 # ---- the gate over real runs, and how each engine ended --------------------------------------------------------

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -251,6 +252,9 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
                                                      help="report of a run without speculation"),
              k: Optional[int] = typer.Option(None, "--k", min=1, help="draft tokens deployed (default: from metrics)"),
              margin: float = typer.Option(0.10, "--margin"),
+             weights: Optional[str] = typer.Option(
+                 None, "--weights", help="each level's share of the traffic, as --concurrency lists them "
+                 "(e.g. 0.5,0.3,0.2); default equal"),
              api_key_file: Optional[Path] = typer.Option(None, "--api-key-file"),
              out: Path = typer.Option(Path("gate"), "--out"), as_json: bool = Json):
     """Measure whether speculation pays under a bounded load of real chat prompts; write report + chart."""
@@ -263,6 +267,15 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
         assert levels and all(c > 0 for c in levels)
     except (ValueError, AssertionError):
         error("--concurrency", f"'{concurrency}' is not a list of positive numbers", "give a list like 1,8,32")
+    shares = None
+    if weights:
+        try:
+            shares = [float(w) for w in weights.split(",")]
+            assert len(shares) == len(levels) and all(math.isfinite(w) and w >= 0 for w in shares) and sum(shares)
+        except (ValueError, AssertionError):
+            error("--weights", f"'{weights}' is not one share of the traffic per level of --concurrency "
+                  f"({concurrency})", f"give {len(levels)} numbers >= 0, not all 0, e.g. "
+                  + ",".join(["1"] * len(levels)))
     from specdeploy.hostvars.argcheck import finite, http_url, read_json_object, read_text
     try:
         url = http_url(url, "--url")
@@ -295,7 +308,7 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
             prog.update(task, description=f"gate: concurrency {c}, {n} requests",
                         completed=levels.index(c))
         try:
-            report = gate(url, engine, levels, requests, max_tokens, prompts, base, k, margin, key, cb)
+            report = gate(url, engine, levels, requests, max_tokens, prompts, base, k, margin, key, cb, shares)
         except OSError as exc:
             error("--url", f"cannot use {url}: {exc}", "check the engine is up and is the --engine given")
         except SpecdeployError as exc:
@@ -315,6 +328,14 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
                   f"accept {lv.get('acceptance_rate') and round(lv['acceptance_rate'], 2)}  "
                   f"speedup {sp and round(sp, 2)}  "
                   f"break-even AL {lv.get('breakeven_al') and round(lv['breakeven_al'], 2)}")
+        for b in report.get("k_by_batch") or []:
+            print(f"band from {b['from_batch']:<4} running requests (c={b['concurrency']}): k={b['k']}  "
+                  f"predicted {b['predicted_speedup']:.2f}x")
+        one = report.get("single_k")
+        if one and len(report.get("k_by_batch") or []) > 1:
+            print(f"one k for every load: k={one['k']} at {one['weighted_speedup']:.2f}x traffic-weighted"
+                  + "".join(f"; c={x['concurrency']} loses ({x['speedup_at_single_k']:.2f}x against "
+                            f"{x['own_speedup']:.2f}x at k={x['k']})" for x in one["loses"]))
         k_rec = ("k=" + str(report["recommended_k"])) if report.get("recommended_k") else ""
         print(f"verdict: {report.get('verdict')} {k_rec} - {report.get('reason')}")
         print(f"wrote {out / 'report.json'} and {out / 'report.png'}")

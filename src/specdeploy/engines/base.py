@@ -202,6 +202,20 @@ class EngineAdapter:
     def spec_config_problems(self, hv: HostVars, host: str | None) -> list[Finding]:
         return []
 
+    def takes_k_by_batch(self) -> bool:
+        """Whether this release takes a speculation length per batch size (``spec_tokens_per_batch_size``)."""
+        return "spec_tokens_per_batch_size" in self.capabilities and self.has("spec_tokens_per_batch_size")
+
+    def k_by_batch_problems(self, hv: HostVars, host: str | None) -> list[Finding]:
+        if not (hv.specdeploy_spec_enabled and hv.specdeploy_spec_k_by_batch) or self.takes_k_by_batch():
+            return []
+        span = self.capabilities.get("spec_tokens_per_batch_size")
+        pin = f"pin {self.label} >= {span.since}, or " if span is not None and span.since else ""
+        return [Finding("error", "specdeploy_spec_k_by_batch",
+                        f"{self.label} {self.version} takes one speculation length for every load",
+                        f"{pin}remove it and set specdeploy_spec_num_tokens to the single k `specdeploy gate` "
+                        "reports for the traffic (single_k in its report)", host)]
+
     def allreduce_paths(self, ctx: CommContext) -> list[AllReducePath]:
         """The engine's all-reduce paths that are active in ``ctx`` and come before NCCL."""
         raise NotImplementedError
@@ -280,7 +294,7 @@ class EngineAdapter:
         return span is not None and span.contains(self.version)
 
     def validate_extras(self, hv: HostVars, host: str | None) -> list[Finding]:
-        out = self.spec_config_problems(hv, host)
+        out = self.spec_config_problems(hv, host) + self.k_by_batch_problems(hv, host)
         fmt = hv.specdeploy_load_format
         if fmt and not self.load_format_ok(fmt):
             valid = sorted(f for f in self.load_formats if self.load_format_ok(f))

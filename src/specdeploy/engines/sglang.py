@@ -35,6 +35,8 @@ CAPABILITIES = {
     # --config YAML file, merged into the command line (server_args_config_parser.py): lets the API key stay off
     # the command line. Absent in 0.5.2, present from 0.5.3.
     "config_file": Span("0.5.3"),
+    # --speculative-adaptive-config with batch-size slots ({"1": {"candidate_steps": [...]}, "8": ...})
+    "adaptive_spec_per_batch": Span("0.5.13"),
     # Eagle3DeepseekV2ForCausalLM (MLA drafter head), as in DRAFTER["archs"].
     "mla_eagle3_drafter": Span("0.5.12"),
 }
@@ -211,6 +213,15 @@ class SGLang(EngineAdapter):
                                    f"SGLang {self.version} has no {flag} flag specdeploy knows",
                                    "use num_steps, eagle_topk, num_draft_tokens, draft_model_quantization "
                                    "or pass the flag in specdeploy_engine_extra_args", host))
+        return out
+
+    def k_by_batch_problems(self, hv, host):
+        out = super().k_by_batch_problems(hv, host)
+        if out and self.has("adaptive_spec_per_batch"):
+            # SGLang's per-batch-size steps are its adaptive speculation (a JSON file of candidate steps per
+            # batch-size slot, routed by the CUDA-graph-padded batch size); specdeploy does not render it yet
+            out[0].message = (f"SGLang {self.version} varies the steps per batch size only as adaptive speculation "
+                              "(--speculative-adaptive-config), which specdeploy does not render")
         return out
 
     def spec_flags(self, hv, drafter_path):

@@ -93,6 +93,8 @@ class VLLM(EngineAdapter):
                "num_speculative_tokens": hv.specdeploy_spec_num_tokens}
         if drafter_path and hv.specdeploy_spec_method in ("eagle3", "eagle", "mtp"):
             cfg["model"] = drafter_path
+        if hv.specdeploy_spec_k_by_batch and self.takes_k_by_batch():
+            cfg["num_speculative_tokens_per_batch_size"] = k_schedule(hv.specdeploy_spec_k_by_batch)
         cfg.update(hv.specdeploy_spec_config_extra)
         return cfg
 
@@ -411,6 +413,18 @@ class VLLMSim(SimBehaviour):
             merged.append(src.pop(0))
         return CRASH_LOG.format(core=4000, ts=ts, version=version, model=model, k=k,
                                 workers="\n".join(merged) + "\n")
+
+
+def k_schedule(bands) -> list[list[int]]:
+    """specdeploy_spec_k_by_batch as vLLM's ``num_speculative_tokens_per_batch_size``: inclusive
+    ``[start, end, k]`` ranges, the first from 1. Each band ends where the next starts; the last is written as
+    its first batch size alone, since the engine carries the last range's k on up to max_num_seqs (and caps every
+    k at num_speculative_tokens)."""
+    out = []
+    for i, b in enumerate(bands):
+        end = bands[i + 1].from_batch - 1 if i + 1 < len(bands) else b.from_batch
+        out.append([int(b.from_batch), int(end), int(b.k)])
+    return out
 
 
 def _installed_whitelist() -> list[str] | None:

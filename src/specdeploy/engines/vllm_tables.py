@@ -21,6 +21,9 @@ CAPABILITIES = {
     "mla_eagle3_drafter": Span("0.18.0"),
     # VLLM_API_KEY: the key reaches the engine through its environment (a 0600 env file), not its argv.
     "api_key_env": Span(),
+    # SpeculativeConfig.num_speculative_tokens_per_batch_size: k per range of scheduled requests (the
+    # scheduler's dynamic speculative decoding; off with data parallelism).
+    "spec_tokens_per_batch_size": Span("0.24.0"),
 }
 
 # Speculative-config keys a user may set, with the versions that accept them. Internal fields

@@ -89,6 +89,14 @@ class CustomHardware(BaseModel):
         return env_names(v)
 
 
+class KBand(BaseModel):
+    """One band of a per-load speculation length: from this many running requests on (until the next band's
+    ``from_batch``), draft ``k`` tokens per step (0: no speculation at that load)."""
+    model_config = ConfigDict(extra="forbid")
+    from_batch: int = Field(ge=1, le=1_000_000)
+    k: int = Field(ge=0, le=16)
+
+
 SerialCount = Annotated[int, Field(ge=1, le=100000)]  # hosts per batch
 SerialPercent = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,5}%?$")]  # "30%" (or a count written as a string)
 
@@ -98,6 +106,13 @@ def _since_text(load_format: str) -> str:
     from specdeploy.engines import adapters
     return ", ".join(f"{a.label} >= {a.load_formats[load_format].since}" for a in adapters()
                      if load_format in a.load_formats and a.load_formats[load_format].since)
+
+
+def _k_by_batch_text() -> str:
+    """'vLLM >= 0.24.0': the first release of each engine that takes a speculation length per batch size."""
+    from specdeploy.engines import adapters
+    return ", ".join(f"{a.label} >= {a.capabilities['spec_tokens_per_batch_size'].since}" for a in adapters()
+                     if "spec_tokens_per_batch_size" in a.capabilities) or "none yet"
 
 
 class HostVars(BaseModel):
@@ -189,6 +204,12 @@ class HostVars(BaseModel):
     specdeploy_drafter_path: str | None = Field(
         None, description="Drafter checkpoint directory on the host (as trained; specdeploy converts it).")
     specdeploy_spec_num_tokens: int = Field(3, ge=1, le=16, description="Draft tokens per step (k).")
+    specdeploy_spec_k_by_batch: list[KBand] = Field(
+        default_factory=list, description="Speculation length per load band, as `specdeploy gate` picks it: a list "
+        "of `{from_batch, k}` in ascending `from_batch`, the first from 1; each band's k (0: no speculation) holds "
+        "from that many running requests up to the next band. Each k is at most specdeploy_spec_num_tokens. Needs "
+        "an engine release that takes a per-batch-size speculation length (" + _k_by_batch_text() + "); empty: "
+        "one k for every load.")
     specdeploy_spec_config_extra: dict[str, Any] = Field(
         default_factory=dict, description="Extra speculative-config keys, validated against the engine version.")
     specdeploy_engine_probe: bool = Field(
@@ -399,6 +420,7 @@ def semantic_problems(host: str, hv: HostVars) -> list[Finding]:
         out.append(Finding("error", "specdeploy_drafter_path",
                            f"speculation is enabled with method {hv.specdeploy_spec_method} but no drafter is set",
                            "set specdeploy_drafter_path, or specdeploy_spec_enabled: false", host))
+    out.extend(k_by_batch_problems(host, hv))
     out.extend(source_problems(host, hv))
     out.extend(port_problems(host, hv))
     from specdeploy.engines import UnsupportedVersion, get_adapter
@@ -409,6 +431,33 @@ def semantic_problems(host: str, hv: HostVars) -> list[Finding]:
                            "pin one of the supported versions", host))
         return out
     out.extend(adapter.validate_extras(hv, host))
+    return out
+
+
+def k_by_batch_problems(host: str, hv: HostVars) -> list[Finding]:
+    """specdeploy_spec_k_by_batch: bands from 1 up, ascending, each k within specdeploy_spec_num_tokens."""
+    bands, name = hv.specdeploy_spec_k_by_batch, "specdeploy_spec_k_by_batch"
+    if not bands:
+        return []
+    out: list[Finding] = []
+    starts = [b.from_batch for b in bands]
+    if starts[0] != 1:
+        out.append(Finding("error", f"{name}[0].from_batch", f"the first band starts at {starts[0]}: loads below "
+                           "it would have no speculation length", "start the first band at from_batch: 1", host))
+    if any(b <= a for a, b in zip(starts, starts[1:])):
+        out.append(Finding("error", name, f"from_batch does not ascend strictly ({starts})",
+                           "list the bands in ascending from_batch, each once", host))
+    for i, b in enumerate(bands):
+        if b.k > hv.specdeploy_spec_num_tokens:
+            out.append(Finding("error", f"{name}[{i}].k", f"k {b.k} is above specdeploy_spec_num_tokens "
+                               f"{hv.specdeploy_spec_num_tokens}, which sets the most draft tokens the engine "
+                               "allocates for", f"lower it, or raise specdeploy_spec_num_tokens to {b.k}", host))
+    if not any(b.k for b in bands):
+        out.append(Finding("error", name, "every band's k is 0: no load would speculate",
+                           "set specdeploy_spec_enabled: false instead", host))
+    if "num_speculative_tokens_per_batch_size" in hv.specdeploy_spec_config_extra:
+        out.append(Finding("error", "specdeploy_spec_config_extra.num_speculative_tokens_per_batch_size",
+                           f"says what {name} says", f"keep only {name}", host))
     return out
 
 

@@ -70,7 +70,9 @@ def _ansible_type(tp) -> dict[str, Any]:
     if tp is str:
         return {"type": "str"}
     if origin is list:
-        return {"type": "list", "elements": "str"}
+        (arg,) = typing.get_args(tp) or (str,)
+        return {"type": "list", "elements": "dict" if isinstance(arg, type) and issubclass(arg, BaseModel) else
+                "int" if arg is int else "str"}
     if origin is dict or (isinstance(tp, type) and issubclass(tp, BaseModel)):
         return {"type": "dict"}
     return {"type": "raw"}

@@ -127,13 +127,111 @@ def refusal(levels: list[dict], baseline: dict | None = None, max_failed: float 
     return None
 
 
-def decide(levels: list[dict], k: int, margin: float = 0.10) -> tuple[str | None, int | None, str]:
-    """Verdict from per-concurrency results (traffic-weighted equally): keep, reduce-k or disable; None (with the
-    reason) when nothing was measured or the effect is inside the measured spread."""
+def _wmean(values: list[float], weights: list[float]) -> float:
+    return sum(v * w for v, w in zip(values, weights)) / sum(weights)
+
+
+def level_weights(levels: list[dict], weights: list[float] | None) -> list[float]:
+    """Each level's share of the traffic: ``weights`` aligned with ``levels`` (the gate's --weights), else equal."""
+    if weights is None:
+        return [1.0] * len(levels)
+    if len(weights) != len(levels) or not all(w >= 0 and math.isfinite(w) for w in weights) or not sum(weights):
+        raise ValueError("traffic weights: one finite number >= 0 per concurrency level, not all 0")
+    return [float(w) for w in weights]
+
+
+def level_predictions(lv: dict, k: int) -> dict[int, float]:
+    """Speedup of this level at each k' <= k: the measured one at k, predicted (:func:`predict_k`) below it."""
+    out = {}
+    if lv.get("per_position") and lv.get("step_ratio"):
+        out.update({kp: s for kp, s in predict_k(lv["per_position"], lv["step_ratio"], k).items() if kp < k})
+    if lv.get("speedup") is not None:
+        out[k] = lv["speedup"]
+    return out
+
+
+def best_k(preds: dict[int, float], k: int, margin: float) -> int:
+    """The k to run: the measured k unless a smaller one is predicted to beat it by more than the margin (the
+    prediction's own error); among those, the best."""
+    chosen, best = k, preds.get(k, 0.0)
+    for kp in sorted(preds):
+        if kp < k and preds[kp] > best * (1 + margin) and preds[kp] > preds.get(chosen, 0.0):
+            chosen, best = kp, preds[kp]
+    return chosen
+
+
+def band_starts(concurrency: list[int]) -> list[int]:
+    """The first batch size of each measured level's band: 1, then one past the geometric mean of neighbouring
+    levels (levels 1, 8, 32: bands 1-2, 3-16, 17 and up), so each batch size goes to the nearest level on a log
+    scale."""
+    out = [1]
+    for a, b in zip(concurrency, concurrency[1:]):
+        out.append(max(out[-1] + 1, math.isqrt(a * b) + 1))
+    return out
+
+
+def k_by_band(levels: list[dict], k: int, margin: float = 0.10) -> list[dict]:
+    """k per load band: for each measured level, the k of :func:`best_k`, or 0 where speculation clearly loses at
+    that load (the top of its interval, carried to that k, below 1). Neighbouring bands with one k merge. Empty
+    when a level lacks a measured speedup with its interval."""
+    measured = sorted((lv for lv in levels if lv.get("speedup") is not None), key=lambda lv: lv["concurrency"])
+    if not measured or any(not lv.get("speedup_interval") for lv in measured):
+        return []
+    starts = band_starts([int(lv["concurrency"]) for lv in measured])
+    bands: list[dict] = []
+    for start, lv in zip(starts, measured):
+        preds = level_predictions(lv, k)
+        kp = best_k(preds, k, margin)
+        top = lv["speedup_interval"][1] * preds[kp] / lv["speedup"]
+        band = {"from_batch": start, "k": 0 if top < 1.0 else kp, "concurrency": int(lv["concurrency"]),
+                "predicted_speedup": 1.0 if top < 1.0 else preds[kp]}
+        if bands and bands[-1]["k"] == band["k"]:
+            bands[-1].setdefault("merged", []).append(band["concurrency"])
+            continue
+        bands.append(band)
+    return bands
+
+
+def single_k(levels: list[dict], k: int, weights: list[float] | None = None, margin: float = 0.10) -> dict | None:
+    """The one k that maximises the traffic-weighted speedup (:func:`best_k` over the weighted predictions), and
+    the levels that lose by it: those whose own best k is predicted faster than the chosen k by more than the
+    margin."""
+    measured = [lv for lv in levels if lv.get("speedup") is not None]
+    if not measured:
+        return None
+    w = level_weights(levels, weights)
+    w = [wi for wi, lv in zip(w, levels) if lv.get("speedup") is not None]
+    per = [level_predictions(lv, k) for lv in measured]
+    common = set.intersection(*(set(p) for p in per))
+    weighted = {kp: _wmean([p[kp] for p in per], w) for kp in common}
+    chosen = best_k(weighted, k, margin)
+    loses = []
+    for lv, p in zip(measured, per):
+        own = best_k(p, k, margin)
+        if own != chosen and p[own] > p[chosen] * (1 + margin):
+            loses.append({"concurrency": int(lv["concurrency"]), "k": own, "own_speedup": p[own],
+                          "speedup_at_single_k": p[chosen]})
+    return {"k": chosen, "weighted_speedup": weighted[chosen], "weights": w, "loses": loses}
+
+
+def bands_text(bands: list[dict]) -> str:
+    parts = []
+    for i, b in enumerate(bands):
+        upto = f"{b['from_batch']}-{bands[i + 1]['from_batch'] - 1}" if i + 1 < len(bands) else f"{b['from_batch']}+"
+        parts.append(f"k={b['k']} at {upto} running requests")
+    return ", ".join(parts)
+
+
+def decide(levels: list[dict], k: int, margin: float = 0.10,
+           weights: list[float] | None = None) -> tuple[str | None, int | None, str]:
+    """Verdict from per-concurrency results, each level weighted by its share of the traffic (equal unless
+    ``weights``): keep, reduce-k or disable; None (with the reason) when nothing was measured or the effect is
+    inside the measured spread."""
     measured = [lv for lv in levels if lv.get("speedup") is not None]
     if not measured:
         return None, None, "nothing measured: no level has both a speculative and a baseline throughput"
-    speedup = statistics.mean(lv["speedup"] for lv in measured)
+    w = [wi for wi, lv in zip(level_weights(levels, weights), levels) if lv.get("speedup") is not None]
+    speedup = _wmean([lv["speedup"] for lv in measured], w)
     als = [lv["acceptance_length"] for lv in measured if lv.get("acceptance_length") is not None]
     if als and max(als) <= 1.0:
         # No draft token was accepted at any level: every step yields the one token a plain decode yields, and
@@ -146,20 +244,13 @@ def decide(levels: list[dict], k: int, margin: float = 0.10) -> tuple[str | None
         return None, None, (f"speculation measured at {speedup:.2f}x in a single round: no spread to compare the "
                             "effect with; give --requests of at least twice the concurrency")
     # the levels' intervals averaged as the speedups are (no narrower than the interval of the mean)
-    lo, hi = statistics.mean(iv[0] for iv in ivs), statistics.mean(iv[1] for iv in ivs)
+    lo, hi = _wmean([iv[0] for iv in ivs], w), _wmean([iv[1] for iv in ivs], w)
     span = f"{speedup:.2f}x (95% interval {lo:.2f}-{hi:.2f}x)"
-    preds: dict[int, list[float]] = {}
-    for lv in measured:
-        if lv.get("per_position") and lv.get("step_ratio"):
-            for kp, s in predict_k(lv["per_position"], lv["step_ratio"], k).items():
-                preds.setdefault(kp, []).append(s)
-    best_k, best = None, speedup
-    for kp, vals in preds.items():
-        if kp < k and statistics.mean(vals) > best * (1 + margin):
-            best_k, best = kp, statistics.mean(vals)
+    one = single_k(levels, k, weights, margin)
+    kp, best = (one["k"], one["weighted_speedup"]) if one else (k, speedup)
     # a prediction carries the measurement's relative spread: reduce k only when its bottom still beats 1x
-    if best_k is not None and best >= 1 + margin and best * lo / speedup >= 1.0:
-        return "reduce-k", best_k, (f"k={best_k} is predicted at {best:.2f}x against {span} measured at k={k}")
+    if kp < k and best >= 1 + margin and best * lo / speedup >= 1.0:
+        return "reduce-k", kp, (f"k={kp} is predicted at {best:.2f}x against {span} measured at k={k}")
     if speedup >= 1 + margin and lo >= 1.0:
         return "keep", None, f"speculation measured at {span}, margin {margin:.0%}"
     if hi < 1 + margin:
@@ -169,11 +260,18 @@ def decide(levels: list[dict], k: int, margin: float = 0.10) -> tuple[str | None
                         "quieter host")
 
 
-def verdict_overrides(report: dict) -> dict:
-    """Inventory variables that apply a gate report's verdict."""
+def verdict_overrides(report: dict, per_batch: bool = False) -> dict:
+    """Inventory variables that apply a gate report's verdict. ``per_batch``: the engine release takes a
+    speculation length per batch size, so a verdict that keeps speculation sets the report's k per load band
+    where the bands differ (the drafter's k then the largest band's); without it, the report's single k."""
     v = report.get("verdict")
     if v == "disable":
         return {"specdeploy_spec_enabled": False}
+    bands = report.get("k_by_batch") or []
+    if v in ("keep", "reduce-k") and per_batch and len(bands) > 1:
+        return {"specdeploy_spec_num_tokens": max(int(b["k"]) for b in bands),
+                "specdeploy_spec_k_by_batch": [{"from_batch": int(b["from_batch"]), "k": int(b["k"])}
+                                               for b in bands]}
     if v == "reduce-k" and report.get("recommended_k"):
         return {"specdeploy_spec_num_tokens": int(report["recommended_k"])}
     return {}
@@ -350,7 +448,8 @@ def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requ
 
 def gate(url: str, engine: str, concurrency: list[int], requests: int | None = None, max_tokens: int = 128,
          prompts_file: Path | None = None, baseline: dict | None = None, k: int | None = None,
-         margin: float = 0.10, api_key: str | None = None, progress=None) -> dict:
+         margin: float = 0.10, api_key: str | None = None, progress=None,
+         weights: list[float] | None = None) -> dict:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     prompts = load_prompts(prompts_file)
     model = model_name(url, headers)
@@ -388,10 +487,21 @@ def gate(url: str, engine: str, concurrency: list[int], requests: int | None = N
         report.update(verdict=None, recommended_k=None, refused=refused,
                       reason=f"no decision: {refused}; the previous decision stays")
     elif spec_on and baseline:
-        verdict, rk, why = decide(levels, k or 1, margin)
+        verdict, rk, why = decide(levels, k or 1, margin, weights)
         report.update(verdict=verdict, recommended_k=rk, reason=why)
         if verdict is None:
             report.update(refused=why, reason=f"no decision: {why}; the previous decision stays")
+        elif verdict != "disable":
+            bands, one = k_by_band(levels, k or 1, margin), single_k(levels, k or 1, weights, margin)
+            report.update(k_by_batch=bands, single_k=one, weights=one["weights"] if one else None)
+            if len(bands) > 1:
+                why += f"; by load: {bands_text(bands)}"
+                if one and one["loses"]:
+                    lose = max(one["loses"], key=lambda x: x["own_speedup"] / x["speedup_at_single_k"])
+                    why += (f"; with one k for every load (k={one['k']}), concurrency {lose['concurrency']} loses: "
+                            f"{lose['speedup_at_single_k']:.2f}x against {lose['own_speedup']:.2f}x at its "
+                            f"k={lose['k']}")
+                report["reason"] = why
     elif not spec_on:
         report.update(verdict=None, reason="baseline run: speculation is off")
     else:
@@ -409,6 +519,8 @@ def command_line(s: dict, out: str, baseline: str | None = None) -> list[str]:
         argv += ["--requests", str(int(s["requests"]))]
     if baseline is not None:
         argv += ["--k", str(int(s["k"])), "--margin", str(s["margin"]), "--baseline", str(baseline)]
+        if str(s.get("weights") or "").strip():
+            argv += ["--weights", str(s["weights"]).strip()]
     if s.get("api_key_file"):
         argv += ["--api-key-file", str(s["api_key_file"])]
     return argv
@@ -448,6 +560,15 @@ def chart(report: dict, out: Path) -> Path | None:
             a2.errorbar([i + 0.3], [aa["ratio"]], yerr=[[aa["ratio"] - aa["interval"][0]],
                                                        [aa["interval"][1] - aa["ratio"]]],
                         fmt="s", color="tab:blue", capsize=4, label="A/A (baseline vs itself)" if i == 0 else None)
+    band_k = {}
+    for b in report.get("k_by_batch") or []:
+        for c in [b["concurrency"], *b.get("merged", [])]:
+            band_k[str(c)] = b["k"]
+    if len(report.get("k_by_batch") or []) > 1:  # the k each load band gets, over its bar
+        for i, c in enumerate(cs):
+            if c in band_k:
+                a2.annotate(f"band: k={band_k[c]}", (i, 0), textcoords="offset points", xytext=(0, 6),
+                            ha="center", fontsize=9, color="white", weight="bold")
     a2.axhline(1.0, color="black", lw=1)
     a2.axhline(1 + report["margin"], color="grey", ls="--", lw=1, label=f"keep threshold {1 + report['margin']:.2f}x")
     a2.set_xlabel("concurrency")
