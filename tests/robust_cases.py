@@ -525,6 +525,11 @@ def argument_cases() -> list[Case]:
                      ("empty-item", "1,")):
         c.append(Case(f"gate-weights-{label}", ["gate", "--url", "{closed}", "--concurrency", "1,8", "--weights", w,
                                                 "--out", "{out}/g"], ("--weights",)))
+    for label, extra, names in (("missing", ["--target", "{out}/nothing-here"], ("--target", "nothing-here")),
+                                ("bad-config", ["--target", "{bad}"], ("--target", "config")),
+                                ("hardware", ["--target", "{models}/target", "--hardware", "tpu9"], ("--hardware",))):
+        c.append(Case(f"gate-target-{label}", ["gate", "--url", "{closed}", "--out", "{out}/g", *extra], names,
+                      kind="json_list" if label == "bad-config" else None))
     c.append(Case("tune-all-crash", ["nccl", "tune", "--gpus", "1", "--only", "default", "--no-aa", "--modes",
                                      "eager", "--iters", "1", "--timeout", "30", "--out", "{out}/t.json"],
                   ("runs ok", "crash", "--out", "nccl tune"), timeout=60))

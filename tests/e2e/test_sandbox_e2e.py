@@ -267,6 +267,10 @@ def test_gate_keeps_speculation_that_pays_then_regates_it_when_acceptance_falls(
         assert re.search(r'specdeploy_gate_speedup\{concurrency="1"\} (\d\.\d+)', m).group(1) > "1.1"
         ratio = float(re.search(r'specdeploy_gate_step_ratio\{concurrency="1"\} ([0-9.e+-]+)', m).group(1))
         assert 1.0 < ratio < 2.0, m
+        # the roofline's ratio for the inventory's Kimi-K2.5 on its profile, beside the measured one
+        pred = {r: float(re.search(rf'specdeploy_gate_predicted_step_ratio\{{concurrency="1",routing="{r}"\}} '
+                                   r'([0-9.e+-]+)', m).group(1)) for r in ("local", "uniform")}
+        assert 1.0 < pred["local"] < pred["uniform"], m
         assert _alerts("SpecdeploySpeculationBelowBreakeven") == []
         # the traffic drifts: from now on one draft token in ten is accepted
         ssh(H2, f"mkdir -p {ACCEPTANCE_FILE.rsplit('/', 1)[0]} && echo 0.1 > {ACCEPTANCE_FILE}")

@@ -255,6 +255,10 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
              weights: Optional[str] = typer.Option(
                  None, "--weights", help="each level's share of the traffic, as --concurrency lists them "
                  "(e.g. 0.5,0.3,0.2); default equal"),
+             target: Optional[Path] = typer.Option(
+                 None, "--target", help="the target's config directory: each level gets the roofline's predicted "
+                 "step-time ratio beside the measured one (see `specdeploy breakeven`)"),
+             hardware: str = typer.Option("h200_nvl8", "--hardware", help="hardware profile, with --target"),
              api_key_file: Optional[Path] = typer.Option(None, "--api-key-file"),
              out: Path = typer.Option(Path("gate"), "--out"), as_json: bool = Json):
     """Measure whether speculation pays under a bounded load of real chat prompts; write report + chart."""
@@ -298,6 +302,10 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
         if base is not None:
             check_baseline(base, baseline)
         load_prompts(prompts)
+        roofline = None
+        if target is not None:
+            from specdeploy.speculation.verifycost import load_target, peaks
+            roofline = (load_target(target), peaks(hardware))
     except SpecdeployError as exc:
         fail(exc)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -314,6 +322,12 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
         except SpecdeployError as exc:
             fail(exc)
         prog.update(task, completed=len(levels))
+    if roofline is not None:
+        from specdeploy.speculation.gate import add_predictions
+        try:
+            add_predictions(report, *roofline)
+        except SpecdeployError as exc:
+            fail(exc)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     chart(report, out / "report.png")
@@ -327,7 +341,10 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
                   f"tok/s {lv['output_tps']:8.1f}  AL {al and round(al, 2)}  "
                   f"accept {lv.get('acceptance_rate') and round(lv['acceptance_rate'], 2)}  "
                   f"speedup {sp and round(sp, 2)}  "
-                  f"break-even AL {lv.get('breakeven_al') and round(lv['breakeven_al'], 2)}")
+                  f"break-even AL {lv.get('breakeven_al') and round(lv['breakeven_al'], 2)}"
+                  + (f"  step ratio {lv['step_ratio']:.2f} (roofline {lv['predicted_step_ratio'][0]:.2f}-"
+                     f"{lv['predicted_step_ratio'][1]:.2f})" if lv.get("predicted_step_ratio")
+                     and lv.get("step_ratio") else ""))
         for b in report.get("k_by_batch") or []:
             print(f"band from {b['from_batch']:<4} running requests (c={b['concurrency']}): k={b['k']}  "
                   f"predicted {b['predicted_speedup']:.2f}x")

@@ -270,11 +270,15 @@ class SpecCollector:
                                labels=["concurrency"])
         sr = GaugeMetricFamily("specdeploy_gate_step_ratio", help_of("specdeploy_gate_step_ratio"),
                                labels=["concurrency"])
+        pr = GaugeMetricFamily("specdeploy_gate_predicted_step_ratio", help_of("specdeploy_gate_predicted_step_ratio"),
+                               labels=["concurrency", "routing"])
         for lvl in rep.get("levels", []):
             c = str(lvl.get("concurrency"))
             for fam, key in ((sp, "speedup"), (be, "breakeven_al"), (al, "acceptance_length"), (sr, "step_ratio")):
                 if lvl.get(key) is not None:
                     fam.add_metric([c], lvl[key])
+            for routing, value in zip(("local", "uniform"), lvl.get("predicted_step_ratio") or ()):
+                pr.add_metric([c, routing], value)
         v = GaugeMetricFamily("specdeploy_gate_verdict", help_of("specdeploy_gate_verdict"), labels=["verdict"])
         for verdict in VERDICTS:
             v.add_metric([verdict], 1.0 if (rep.get("verdict") or "undecided") == verdict else 0.0)
@@ -282,7 +286,7 @@ class SpecCollector:
                                    value=float(sum(int(lv.get("errors") or 0) for lv in rep.get("levels", []))))
         ts = GaugeMetricFamily("specdeploy_gate_timestamp_seconds", help_of("specdeploy_gate_timestamp_seconds"),
                                value=float(rep.get("timestamp") or 0))
-        return [sp, be, al, sr, v, failed, ts]
+        return [sp, be, al, sr, pr, v, failed, ts]
 
 
 MAX_PAGE = peerhttp.MAX_BYTES  # an engine page over this is a failed scrape, never read whole
@@ -344,6 +348,13 @@ def gate_problem(rep) -> str:
         for key in ("speedup", "breakeven_al", "acceptance_length", "step_ratio"):
             if lv.get(key) is not None and (why := _number(lv[key], f"levels[{i}].{key}", 0)):
                 return why
+        pred = lv.get("predicted_step_ratio")
+        if pred is not None:
+            if not isinstance(pred, list) or len(pred) != 2:
+                return f"levels[{i}].predicted_step_ratio is {json.dumps(pred)[:40]}, not [local, uniform]"
+            for j, x in enumerate(pred):
+                if why := _number(x, f"levels[{i}].predicted_step_ratio[{j}]", 0):
+                    return why
         e = lv.get("errors")
         if e is not None and (isinstance(e, bool) or not isinstance(e, int) or e < 0):
             return f"levels[{i}].errors is {json.dumps(e)[:40]}, not a count"

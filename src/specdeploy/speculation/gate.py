@@ -509,6 +509,22 @@ def gate(url: str, engine: str, concurrency: list[int], requests: int | None = N
     return report
 
 
+def add_predictions(report: dict, shape, hw) -> dict:
+    """The roofline's step-time ratio for each measured level at the report's k (``verifycost.predict``: verify
+    plus draft over one decode step, local and uniform routing), beside the one the gate measured, and the
+    acceptance length it needs for 1.0x (the same range). ``shape``: the target's (``load_target``); ``hw``: the
+    host's (``peaks``)."""
+    from specdeploy.speculation.verifycost import predict
+    k = report.get("k")
+    if not k or not report.get("speculation"):
+        return report
+    for lv in report["levels"]:
+        row = predict(shape, hw, [int(lv["concurrency"])], [int(k)], margin=report["margin"])[0]
+        lv["predicted_step_ratio"] = [row.needed_al[0], row.needed_al[1]]
+    report["prediction"] = {"target": shape.describe(), "hardware": hw.name, "k": int(k)}
+    return report
+
+
 def command_line(s: dict, out: str, baseline: str | None = None) -> list[str]:
     """``specdeploy gate`` arguments for one of the gate role's two measurements: the baseline (``baseline``
     None) or the speculative run against it. ``s`` holds the host's address and port, the engine, and the
@@ -521,6 +537,8 @@ def command_line(s: dict, out: str, baseline: str | None = None) -> list[str]:
         argv += ["--k", str(int(s["k"])), "--margin", str(s["margin"]), "--baseline", str(baseline)]
         if str(s.get("weights") or "").strip():
             argv += ["--weights", str(s["weights"]).strip()]
+        if str(s.get("target") or "").strip() and s.get("hardware") and s["hardware"] != "custom":
+            argv += ["--target", str(s["target"]), "--hardware", str(s["hardware"])]
     if s.get("api_key_file"):
         argv += ["--api-key-file", str(s["api_key_file"])]
     return argv

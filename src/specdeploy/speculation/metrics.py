@@ -23,6 +23,9 @@ EXPORTED: dict[str, tuple[str, str]] = {
     "specdeploy_gate_acceptance_length": ("gauge", "Acceptance length the gate measured"),
     "specdeploy_gate_step_ratio": ("gauge", "Step-time ratio the gate measured: acceptance length / speedup (1.0x "
                                    "is reached where the live acceptance length equals it)"),
+    "specdeploy_gate_predicted_step_ratio": ("gauge", "Step-time ratio the roofline predicts at the gate's k and "
+                                             "level (verify plus draft over one decode step), for local and for "
+                                             "uniform expert routing: the acceptance length it needs for 1.0x"),
     "specdeploy_gate_verdict": ("gauge", "1 for the gate's current verdict"),
     "specdeploy_gate_failed_requests": ("gauge", "Requests that failed during the gate's last measurement"),
     "specdeploy_gate_timestamp_seconds": ("gauge", "When the gate last ran"),
@@ -80,6 +83,10 @@ Q_SPEC_ON = 'max by (host) (specdeploy_engine_info{spec_tokens!="0",spec_tokens!
 # averaged, as its verdict weighs them)
 Q_PREDICTED_SPEEDUP = ("specdeploy_spec_acceptance_length / on (host) "
                        "avg by (host) (specdeploy_gate_step_ratio)")
+# the acceptance length speculation needs for 1.0x on each host, over the gate's levels as the verdict weighs them:
+# measured (the gate's step ratio) and predicted by the roofline (one line per routing model)
+Q_BREAKEVEN_MEASURED = "avg by (host) (specdeploy_gate_step_ratio)"
+Q_BREAKEVEN_PREDICTED = "avg by (host, routing) (specdeploy_gate_predicted_step_ratio)"
 # the label of the alerts that ask `specdeploy regate` for a new gate run on their host
 REGATE_LABEL = ("specdeploy_action", "regate")
 # the live acceptance length against the gate's own measurement

@@ -113,3 +113,25 @@ def test_the_verdict_sets_bands_only_where_the_release_takes_them():
     assert verdict_overrides(one_band, per_batch=True) == {}
     assert verdict_overrides({"verdict": "disable", "k_by_batch": bands}, per_batch=True) == {
         "specdeploy_spec_enabled": False}
+
+
+def test_each_level_gets_the_rooflines_step_ratio_beside_the_measured_one():
+    """With the target's config and the hardware profile, every measured level carries the roofline's verify-plus-
+    draft step ratio at the report's k and that level's concurrency (local to uniform routing): for Kimi-K2.5 at
+    batch 8 and k=3 a range above 1.5. A run without speculation gets none."""
+    from specdeploy.speculation.gate import add_predictions
+    from specdeploy.speculation.verifycost import load_target, peaks, predict
+    from helpers import REPO
+    hw = peaks("h200_nvl8")
+    kimi = load_target(REPO / "examples/models/kimi-k2.5-int4")
+    rep = {"k": 3, "speculation": True, "margin": 0.1,
+           "levels": [dict(level(8, [0.7, 0.5, 0.3], 1.9)), dict(level(32, [0.7, 0.5, 0.3], 1.5))]}
+    add_predictions(rep, kimi, hw)
+    for lv in rep["levels"]:
+        row = predict(kimi, hw, [lv["concurrency"]], [3], margin=0.1)[0]
+        assert lv["predicted_step_ratio"] == [row.needed_al[0], row.needed_al[1]]
+    lo, hi = rep["levels"][0]["predicted_step_ratio"]
+    assert 1.5 < lo < hi < 4.0
+    assert rep["prediction"]["k"] == 3 and rep["prediction"]["hardware"] == hw.name
+    baseline = {"k": None, "speculation": False, "margin": 0.1, "levels": [dict(level(8, [], 1.0))]}
+    assert "predicted_step_ratio" not in add_predictions(baseline, kimi, hw)["levels"][0]

@@ -145,7 +145,8 @@ def test_every_panel_returns_data_from_real_prometheus(tmp_path):
     gate = tmp_path / "gate.json"
     gate.write_text(json.dumps({"verdict": "keep", "timestamp": time.time(),
                                 "levels": [{"concurrency": 1, "speedup": 1.4, "breakeven_al": 1.43,
-                                            "acceptance_length": 1.82, "step_ratio": 1.3}]}))
+                                            "acceptance_length": 1.82, "step_ratio": 1.3,
+                                            "predicted_step_ratio": [1.25, 1.71]}]}))
     # ports chosen now: a real exporter (or anything) on 9400/9100 must neither clash with nor feed this test
     dcgm_port, node_port = free_port("127.0.0.2"), free_port("127.0.0.2")
     dcgm = http.server.ThreadingHTTPServer(("127.0.0.2", dcgm_port), type("D", (_Static,), {
@@ -183,6 +184,13 @@ def test_every_panel_returns_data_from_real_prometheus(tmp_path):
         # both engines show up under the engine-independent names
         res = _query(base, "specdeploy_spec_acceptance_length")["data"]["result"]
         assert {r["metric"]["engine"] for r in res} == {"vllm", "sglang"}
+        # the roofline's break-even beside the measured one: both routing models, as the gate report gives them
+        from specdeploy.speculation import metrics as M
+        pred = {(r["metric"]["host"], r["metric"]["routing"]): float(r["value"][1])
+                for r in _query(base, M.Q_BREAKEVEN_PREDICTED)["data"]["result"]}
+        assert pred == {(h, routing): v for h in ("vllm-host", "sglang-host")
+                        for routing, v in (("local", 1.25), ("uniform", 1.71))}
+        assert {float(r["value"][1]) for r in _query(base, M.Q_BREAKEVEN_MEASURED)["data"]["result"]} == {1.3}
     finally:
         stop(*procs)
         dcgm.shutdown()
