@@ -323,7 +323,7 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
             fail(exc)
         prog.update(task, completed=len(levels))
     if roofline is not None:
-        from specdeploy.speculation.gate import add_predictions
+        from specdeploy.speculation.verifycost import add_predictions
         try:
             add_predictions(report, *roofline)
         except SpecdeployError as exc:

@@ -31,6 +31,7 @@ from specdeploy.values import peerhttp
 from specdeploy.engines import get
 from specdeploy.values.errors import Finding, SpecdeployError
 from specdeploy.speculation.exporter import ParseError, Sample, parse_engine_metrics
+from specdeploy.speculation.kbands import wmean, bands_text, k_by_band, level_weights, single_k
 
 PROMPTS = Path(__file__).resolve().parents[1] / "data" / "prompts.jsonl"
 MAX_FAILED = 0.01  # failed / sent requests above which the gate refuses to decide
@@ -65,17 +66,6 @@ def breakeven(acceptance_length: float, step_ratio: float, margin: float = 0.10)
     speedup = acceptance_length / step_ratio
     verdict = "keep" if speedup >= 1 + margin else "disable"
     return Breakeven(acceptance_length, step_ratio, speedup, step_ratio * (1 + margin), verdict, margin)
-
-
-def predict_k(per_position: list[float], step_ratio: float, k: int) -> dict[int, float]:
-    """Predicted speedup for each k' <= k: AL(k') = 1 + sum of the first k' per-position acceptance rates;
-    the step-time ratio's speculative overhead is taken as proportional to the draft tokens."""
-    out = {}
-    for kp in range(1, k + 1):
-        al = 1 + sum(per_position[:kp])
-        ratio = 1 + (step_ratio - 1) * kp / k
-        out[kp] = al / ratio
-    return out
 
 
 def ratio_interval(num: list[float], den: list[float]) -> tuple[float, float] | None:
@@ -127,101 +117,6 @@ def refusal(levels: list[dict], baseline: dict | None = None, max_failed: float 
     return None
 
 
-def _wmean(values: list[float], weights: list[float]) -> float:
-    return sum(v * w for v, w in zip(values, weights)) / sum(weights)
-
-
-def level_weights(levels: list[dict], weights: list[float] | None) -> list[float]:
-    """Each level's share of the traffic: ``weights`` aligned with ``levels`` (the gate's --weights), else equal."""
-    if weights is None:
-        return [1.0] * len(levels)
-    if len(weights) != len(levels) or not all(w >= 0 and math.isfinite(w) for w in weights) or not sum(weights):
-        raise ValueError("traffic weights: one finite number >= 0 per concurrency level, not all 0")
-    return [float(w) for w in weights]
-
-
-def level_predictions(lv: dict, k: int) -> dict[int, float]:
-    """Speedup of this level at each k' <= k: the measured one at k, predicted (:func:`predict_k`) below it."""
-    out = {}
-    if lv.get("per_position") and lv.get("step_ratio"):
-        out.update({kp: s for kp, s in predict_k(lv["per_position"], lv["step_ratio"], k).items() if kp < k})
-    if lv.get("speedup") is not None:
-        out[k] = lv["speedup"]
-    return out
-
-
-def best_k(preds: dict[int, float], k: int, margin: float) -> int:
-    """The k to run: the measured k unless a smaller one is predicted to beat it by more than the margin (the
-    prediction's own error); among those, the best."""
-    chosen, best = k, preds.get(k, 0.0)
-    for kp in sorted(preds):
-        if kp < k and preds[kp] > best * (1 + margin) and preds[kp] > preds.get(chosen, 0.0):
-            chosen, best = kp, preds[kp]
-    return chosen
-
-
-def band_starts(concurrency: list[int]) -> list[int]:
-    """The first batch size of each measured level's band: 1, then one past the geometric mean of neighbouring
-    levels (levels 1, 8, 32: bands 1-2, 3-16, 17 and up), so each batch size goes to the nearest level on a log
-    scale."""
-    out = [1]
-    for a, b in zip(concurrency, concurrency[1:]):
-        out.append(max(out[-1] + 1, math.isqrt(a * b) + 1))
-    return out
-
-
-def k_by_band(levels: list[dict], k: int, margin: float = 0.10) -> list[dict]:
-    """k per load band: for each measured level, the k of :func:`best_k`, or 0 where speculation clearly loses at
-    that load (the top of its interval, carried to that k, below 1). Neighbouring bands with one k merge. Empty
-    when a level lacks a measured speedup with its interval."""
-    measured = sorted((lv for lv in levels if lv.get("speedup") is not None), key=lambda lv: lv["concurrency"])
-    if not measured or any(not lv.get("speedup_interval") for lv in measured):
-        return []
-    starts = band_starts([int(lv["concurrency"]) for lv in measured])
-    bands: list[dict] = []
-    for start, lv in zip(starts, measured):
-        preds = level_predictions(lv, k)
-        kp = best_k(preds, k, margin)
-        top = lv["speedup_interval"][1] * preds[kp] / lv["speedup"]
-        band = {"from_batch": start, "k": 0 if top < 1.0 else kp, "concurrency": int(lv["concurrency"]),
-                "predicted_speedup": 1.0 if top < 1.0 else preds[kp]}
-        if bands and bands[-1]["k"] == band["k"]:
-            bands[-1].setdefault("merged", []).append(band["concurrency"])
-            continue
-        bands.append(band)
-    return bands
-
-
-def single_k(levels: list[dict], k: int, weights: list[float] | None = None, margin: float = 0.10) -> dict | None:
-    """The one k that maximises the traffic-weighted speedup (:func:`best_k` over the weighted predictions), and
-    the levels that lose by it: those whose own best k is predicted faster than the chosen k by more than the
-    margin."""
-    measured = [lv for lv in levels if lv.get("speedup") is not None]
-    if not measured:
-        return None
-    w = level_weights(levels, weights)
-    w = [wi for wi, lv in zip(w, levels) if lv.get("speedup") is not None]
-    per = [level_predictions(lv, k) for lv in measured]
-    common = set.intersection(*(set(p) for p in per))
-    weighted = {kp: _wmean([p[kp] for p in per], w) for kp in common}
-    chosen = best_k(weighted, k, margin)
-    loses = []
-    for lv, p in zip(measured, per):
-        own = best_k(p, k, margin)
-        if own != chosen and p[own] > p[chosen] * (1 + margin):
-            loses.append({"concurrency": int(lv["concurrency"]), "k": own, "own_speedup": p[own],
-                          "speedup_at_single_k": p[chosen]})
-    return {"k": chosen, "weighted_speedup": weighted[chosen], "weights": w, "loses": loses}
-
-
-def bands_text(bands: list[dict]) -> str:
-    parts = []
-    for i, b in enumerate(bands):
-        upto = f"{b['from_batch']}-{bands[i + 1]['from_batch'] - 1}" if i + 1 < len(bands) else f"{b['from_batch']}+"
-        parts.append(f"k={b['k']} at {upto} running requests")
-    return ", ".join(parts)
-
-
 def decide(levels: list[dict], k: int, margin: float = 0.10,
            weights: list[float] | None = None) -> tuple[str | None, int | None, str]:
     """Verdict from per-concurrency results, each level weighted by its share of the traffic (equal unless
@@ -231,7 +126,7 @@ def decide(levels: list[dict], k: int, margin: float = 0.10,
     if not measured:
         return None, None, "nothing measured: no level has both a speculative and a baseline throughput"
     w = [wi for wi, lv in zip(level_weights(levels, weights), levels) if lv.get("speedup") is not None]
-    speedup = _wmean([lv["speedup"] for lv in measured], w)
+    speedup = wmean([lv["speedup"] for lv in measured], w)
     als = [lv["acceptance_length"] for lv in measured if lv.get("acceptance_length") is not None]
     if als and max(als) <= 1.0:
         # No draft token was accepted at any level: every step yields the one token a plain decode yields, and
@@ -244,7 +139,7 @@ def decide(levels: list[dict], k: int, margin: float = 0.10,
         return None, None, (f"speculation measured at {speedup:.2f}x in a single round: no spread to compare the "
                             "effect with; give --requests of at least twice the concurrency")
     # the levels' intervals averaged as the speedups are (no narrower than the interval of the mean)
-    lo, hi = _wmean([iv[0] for iv in ivs], w), _wmean([iv[1] for iv in ivs], w)
+    lo, hi = wmean([iv[0] for iv in ivs], w), wmean([iv[1] for iv in ivs], w)
     span = f"{speedup:.2f}x (95% interval {lo:.2f}-{hi:.2f}x)"
     one = single_k(levels, k, weights, margin)
     kp, best = (one["k"], one["weighted_speedup"]) if one else (k, speedup)
@@ -506,22 +401,6 @@ def gate(url: str, engine: str, concurrency: list[int], requests: int | None = N
         report.update(verdict=None, reason="baseline run: speculation is off")
     else:
         report.update(verdict=None, reason="no baseline given: figures only")
-    return report
-
-
-def add_predictions(report: dict, shape, hw) -> dict:
-    """The roofline's step-time ratio for each measured level at the report's k (``verifycost.predict``: verify
-    plus draft over one decode step, local and uniform routing), beside the one the gate measured, and the
-    acceptance length it needs for 1.0x (the same range). ``shape``: the target's (``load_target``); ``hw``: the
-    host's (``peaks``)."""
-    from specdeploy.speculation.verifycost import predict
-    k = report.get("k")
-    if not k or not report.get("speculation"):
-        return report
-    for lv in report["levels"]:
-        row = predict(shape, hw, [int(lv["concurrency"])], [int(k)], margin=report["margin"])[0]
-        lv["predicted_step_ratio"] = [row.needed_al[0], row.needed_al[1]]
-    report["prediction"] = {"target": shape.describe(), "hardware": hw.name, "k": int(k)}
     return report
 
 

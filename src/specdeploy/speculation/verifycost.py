@@ -389,6 +389,21 @@ def predict(shape: TargetShape, hw: Peaks, batches: list[int], ks: list[int], lo
     return rows
 
 
+def add_predictions(report: dict, shape, hw) -> dict:
+    """The roofline's step-time ratio for each measured level at the report's k (``verifycost.predict``: verify
+    plus draft over one decode step, local and uniform routing), beside the one the gate measured, and the
+    acceptance length it needs for 1.0x (the same range). ``report``: what ``gate.gate`` returns; ``shape``: the
+    target's (:func:`load_target`); ``hw``: the host's (:func:`peaks`)."""
+    k = report.get("k")
+    if not k or not report.get("speculation"):
+        return report
+    for lv in report["levels"]:
+        row = predict(shape, hw, [int(lv["concurrency"])], [int(k)], margin=report["margin"])[0]
+        lv["predicted_step_ratio"] = [row.needed_al[0], row.needed_al[1]]
+    report["prediction"] = {"target": shape.describe(), "hardware": hw.name, "k": int(k)}
+    return report
+
+
 def gate_margin() -> float:
     """The gate's default margin: the one `specdeploy breakeven` and the gate keep speculation with."""
     import inspect

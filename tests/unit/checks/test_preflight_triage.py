@@ -95,7 +95,8 @@ def test_breakeven_examples():
 
 
 def test_gate_decisions():
-    from specdeploy.speculation.gate import decide, predict_k, verdict_overrides
+    from specdeploy.speculation.gate import decide, verdict_overrides
+    from specdeploy.speculation.kbands import predict_k
     # position 0 accepts often, later positions rarely, and the draft is expensive: k=1 is predicted better
     # (each with a measured spread of +-5%: the rounds agree)
     lv = {"speedup": 2.03 / 1.9, "per_position": [0.85, 0.15, 0.03], "step_ratio": 1.9, "acceptance_length": 2.03,

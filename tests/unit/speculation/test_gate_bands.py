@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from specdeploy.speculation.gate import (band_starts, bands_text, decide, k_by_band, predict_k, single_k,
-                                         verdict_overrides)
+from specdeploy.speculation.gate import decide, verdict_overrides
+from specdeploy.speculation.kbands import band_starts, bands_text, k_by_band, predict_k, single_k
 
 
 def level(c, per_position, step_ratio, spread=0.03):
@@ -119,8 +119,7 @@ def test_each_level_gets_the_rooflines_step_ratio_beside_the_measured_one():
     """With the target's config and the hardware profile, every measured level carries the roofline's verify-plus-
     draft step ratio at the report's k and that level's concurrency (local to uniform routing): for Kimi-K2.5 at
     batch 8 and k=3 a range above 1.5. A run without speculation gets none."""
-    from specdeploy.speculation.gate import add_predictions
-    from specdeploy.speculation.verifycost import load_target, peaks, predict
+    from specdeploy.speculation.verifycost import add_predictions, load_target, peaks, predict
     from helpers import REPO
     hw = peaks("h200_nvl8")
     kimi = load_target(REPO / "examples/models/kimi-k2.5-int4")
