@@ -155,22 +155,30 @@ def test_exporter_figures_equal_the_engines_metrics(good):
 
 
 def test_the_engine_speculates_per_load_band(good):
-    """k per load band in the real engine's scheduler: one request at a time drafts every step (k=1 at one
-    running request); eight at once, four running (--max-num-seqs 4) and the rest queued, draft only in the steps
-    where a single request is left (k=0 from two running requests), although the same drafter serves them. Without
-    the bands both would draft once per step of each request, about once per two tokens at this acceptance."""
-    import concurrent.futures
+    """k per load band in the real engine's scheduler: a request for one sequence drafts every step (k=1 at one
+    running request); a request for four (n=4: four sequences scheduled together, --max-num-seqs 4) drafts
+    nothing (k=0 from two running requests), although the same drafter serves them. Without the bands both
+    would draft once per step of each sequence: once per two tokens or more often (sampled sequences accept
+    less than greedy ones). (Separate
+    concurrent requests overlap only as the host's load lets them: in a CI run, eight of them drafted 0.34 per
+    token, against 0.003 on an idle machine.)"""
+    from specdeploy.values import peerhttp
 
-    def drafts_per_token(parallel: int) -> float:
+    def drafts_per_token(n: int) -> float:
         before, gen0 = parse_engine_metrics("vllm", good.metrics(), 0.0), _generated(good.metrics())
-        with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-            list(pool.map(lambda i: good.chat([{"role": "user", "content": f"write about the number {i}"}],
-                                              max_tokens=48), range(8 if parallel > 1 else 4)))
+        for i in range(2):
+            # n > 1 needs sampling (the engine refuses n > 1 with greedy); every sequence runs to max_tokens
+            sampling = {"temperature": 0} if n == 1 else {"temperature": 1.0, "seed": i, "ignore_eos": True}
+            body = json.dumps({"model": good.served, "n": n, "max_tokens": 48, **sampling,
+                               "messages": [{"role": "user", "content": f"write about the number {i}"}]}).encode()
+            ans = peerhttp.json_object(good.url + "/v1/chat/completions", 300,
+                                       headers={"content-type": "application/json"}, body=body)
+            assert len(ans["choices"]) == n, ans
         after = parse_engine_metrics("vllm", good.metrics(), 0.0)
         return (after.drafts - before.drafts) / max(1.0, _generated(good.metrics()) - gen0)
-    alone, together = drafts_per_token(1), drafts_per_token(8)
+    alone, together = drafts_per_token(1), drafts_per_token(4)
     assert alone > 0.3, alone  # about one draft per step, each step yielding up to two tokens
-    assert together < 0.5 * alone, (alone, together)
+    assert together < 0.25 * alone, (alone, together)
 
 
 def _generated(text: str) -> float:
