@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -273,10 +272,10 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
         error("--concurrency", f"'{concurrency}' is not a list of positive numbers", "give a list like 1,8,32")
     shares = None
     if weights:
+        from specdeploy.speculation.kbands import level_weights
         try:
-            shares = [float(w) for w in weights.split(",")]
-            assert len(shares) == len(levels) and all(math.isfinite(w) and w >= 0 for w in shares) and sum(shares)
-        except (ValueError, AssertionError):
+            shares = level_weights(levels, [float(w) for w in weights.split(",")])
+        except ValueError:
             error("--weights", f"'{weights}' is not one share of the traffic per level of --concurrency "
                   f"({concurrency})", f"give {len(levels)} numbers >= 0, not all 0, e.g. "
                   + ",".join(["1"] * len(levels)))

@@ -31,7 +31,7 @@ from specdeploy.values import peerhttp
 from specdeploy.engines import get
 from specdeploy.values.errors import Finding, SpecdeployError
 from specdeploy.speculation.exporter import ParseError, Sample, parse_engine_metrics
-from specdeploy.speculation.kbands import wmean, bands_text, k_by_band, level_weights, single_k
+from specdeploy.speculation.kbands import bands_text, k_by_band, measured_weights, single_k, wmean
 
 PROMPTS = Path(__file__).resolve().parents[1] / "data" / "prompts.jsonl"
 MAX_FAILED = 0.01  # failed / sent requests above which the gate refuses to decide
@@ -122,10 +122,9 @@ def decide(levels: list[dict], k: int, margin: float = 0.10,
     """Verdict from per-concurrency results, each level weighted by its share of the traffic (equal unless
     ``weights``): keep, reduce-k or disable; None (with the reason) when nothing was measured or the effect is
     inside the measured spread."""
-    measured = [lv for lv in levels if lv.get("speedup") is not None]
+    measured, w = measured_weights(levels, weights)
     if not measured:
         return None, None, "nothing measured: no level has both a speculative and a baseline throughput"
-    w = [wi for wi, lv in zip(level_weights(levels, weights), levels) if lv.get("speedup") is not None]
     speedup = wmean([lv["speedup"] for lv in measured], w)
     als = [lv["acceptance_length"] for lv in measured if lv.get("acceptance_length") is not None]
     if als and max(als) <= 1.0:

@@ -30,6 +30,12 @@ def level_weights(levels: list[dict], weights: list[float] | None) -> list[float
     return [float(w) for w in weights]
 
 
+def measured_weights(levels: list[dict], weights: list[float] | None) -> tuple[list[dict], list[float]]:
+    """The levels with a measured speedup, and their shares of the traffic (:func:`level_weights`)."""
+    pairs = [(lv, w) for lv, w in zip(levels, level_weights(levels, weights)) if lv.get("speedup") is not None]
+    return [lv for lv, _ in pairs], [w for _, w in pairs]
+
+
 def level_predictions(lv: dict, k: int) -> dict[int, float]:
     """Speedup of this level at each k' <= k: the measured one at k, predicted (:func:`predict_k`) below it."""
     out = {}
@@ -42,10 +48,10 @@ def level_predictions(lv: dict, k: int) -> dict[int, float]:
 
 def best_k(preds: dict[int, float], k: int, margin: float) -> int:
     """The k to run: the measured k unless a smaller one is predicted to beat it by more than the margin (the
-    prediction's own error); among those, the best."""
+    prediction's own error); from the smallest k up, each k taken must beat the one taken before it so."""
     chosen, best = k, preds.get(k, 0.0)
     for kp in sorted(preds):
-        if kp < k and preds[kp] > best * (1 + margin) and preds[kp] > preds.get(chosen, 0.0):
+        if kp < k and preds[kp] > best * (1 + margin):
             chosen, best = kp, preds[kp]
     return chosen
 
@@ -86,11 +92,9 @@ def single_k(levels: list[dict], k: int, weights: list[float] | None = None, mar
     """The one k that maximises the traffic-weighted speedup (:func:`best_k` over the weighted predictions), and
     the levels that lose by it: those whose own best k is predicted faster than the chosen k by more than the
     margin."""
-    measured = [lv for lv in levels if lv.get("speedup") is not None]
+    measured, w = measured_weights(levels, weights)
     if not measured:
         return None
-    w = level_weights(levels, weights)
-    w = [wi for wi, lv in zip(w, levels) if lv.get("speedup") is not None]
     per = [level_predictions(lv, k) for lv in measured]
     common = set.intersection(*(set(p) for p in per))
     weighted = {kp: wmean([p[kp] for p in per], w) for kp in common}
