@@ -115,7 +115,7 @@ class ToyServe(EngineAdapter):
     def drafter_taps(self, top, nested, default, deepseek_target):
         return (list(top), "top-level key") if top is not None else (default, "default")
 
-    def command(self, hv, drafter_path=None) -> Command:
+    def command(self, hv, drafter_path=None, rank=None) -> Command:
         argv = ["toyserve", "run", "--model", hv.specdeploy_model_path, "--served-name", hv.served_model_name,
                 "--host", hv.specdeploy_bind_address, "--port", str(hv.specdeploy_port), "--tp", str(hv.tp),
                 "--memory-fraction", str(hv.specdeploy_gpu_memory_utilization)]

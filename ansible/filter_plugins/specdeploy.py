@@ -31,12 +31,31 @@ def _validated(variables, host, overrides=None):
         raise AnsibleFilterError("\n" + str(exc)) from None
 
 
-def specdeploy_plan(variables, host, overrides=None):
+def _rank(host, v, hv, hostvars, hosts):
+    """The host's rank in its serving group, resolved from the group's hosts (``hosts``: the engine group, in
+    inventory order) as ``specdeploy plan`` resolves it."""
+    from specdeploy.values.errors import SpecdeployError
+    from specdeploy.topology import Member, resolve
+    members = []
+    for h in hosts if hostvars is not None and hosts is not None else [host]:
+        if h == host:
+            members.append(Member(host, str(v.get("ansible_host", host)), hv))
+        elif hv.specdeploy_group and _plain(hostvars[h].get("specdeploy_group")) == hv.specdeploy_group:
+            pv, phv = _validated(hostvars[h], h)
+            members.append(Member(h, str(pv.get("ansible_host", h)), phv))
+    try:
+        return resolve(members)[host]
+    except SpecdeployError as exc:
+        raise AnsibleFilterError("\n" + str(exc)) from None
+
+
+def specdeploy_plan(variables, host, overrides=None, hostvars=None, hosts=None):
     """A host's plan: files (path -> content), argv, env, units, health paths, release id. ``overrides``
-    (variables) are applied on top of the inventory, e.g. by the speculation gate."""
+    (variables) are applied on top of the inventory, e.g. by the speculation gate. ``hostvars`` and ``hosts`` (the
+    engine group) give a host of a multi-host serving group its rank."""
     from specdeploy.plan import render_host
     v, hv = _validated(variables, host, overrides)
-    return render_host(host, hv, v.get("ansible_host", host)).to_dict()
+    return render_host(host, hv, v.get("ansible_host", host), _rank(host, v, hv, hostvars, hosts)).to_dict()
 
 
 def specdeploy_secret_files(variables, host, key=""):
@@ -118,12 +137,21 @@ def specdeploy_tool_container(variables, host, name, args, rw_mounts=(), module=
 
 
 def specdeploy_router_unit(hostvars, hosts, router_port, venv):
+    """The router's unit over the engine hosts that serve: each group's leader, or in PD mode its prefill and
+    decode instances (topology.router_workers)."""
+    from specdeploy.values.errors import SpecdeployError
     from specdeploy.plan.render.systemd import render_router
-    urls = []
+    from specdeploy.topology import Member, resolve, router_workers
+    members = []
     for h in hosts:
         v, hv = _validated(hostvars[h], h)
-        urls.append(f"http://{v.get('ansible_host', h)}:{hv.specdeploy_port}")
-    return render_router(urls, int(router_port), venv)
+        members.append(Member(h, str(v.get("ansible_host", h)), hv))
+    try:
+        w = router_workers(members, resolve(members))
+    except SpecdeployError as exc:
+        raise AnsibleFilterError("\n" + str(exc)) from None
+    return render_router(w.get("workers", []), int(router_port), venv, prefill=w.get("prefill"),
+                         decode=w.get("decode"))
 
 
 def specdeploy_gate_verdict(report, variables=None, host=None):

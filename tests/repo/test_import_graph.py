@@ -145,7 +145,7 @@ LAYERS = {
     "values": 0, "hostscripts": 0,
     "engines": 1,
     "hostvars": 2,
-    "checkpoint": 3, "nccl": 3, "triage": 3,
+    "checkpoint": 3, "nccl": 3, "triage": 3, "topology": 3,
     "plan": 4,
     "drafter": 5, "gpuhost": 5, "speculation": 5,
     "checks": 6,

@@ -55,6 +55,7 @@ def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
     for host, addr, p in plans:
         t = Table(title=f"{host} ({addr})", show_header=False)
         for k, v in [("engine", f"{p.engine} {p.version}"), ("runtime", p.runtime), ("image", p.image or "-"),
+                     ("serving group", _rank_text(p.rank)),
                      ("tensor parallel", str(p.tp)), ("speculation", "on" if p.spec else "off"),
                      ("drafter (converted)", p.drafter_path or "-"), ("NCCL", p.nccl_source),
                      ("NCCL env", " ".join(f"{k}={v}" for k, v in p.env.items() if k.startswith("NCCL_")) or "-"),
@@ -65,6 +66,15 @@ def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
         out.print("[bold]command[/]: " + " ".join(p.argv), soft_wrap=True, markup=True, highlight=False)
     if out_dir:
         out.print(f"wrote files under {out_dir}")
+
+
+def _rank_text(rank: dict | None) -> str:
+    if rank is None:
+        return "single (a host of its own)"
+    if rank["layout"] == "pd":
+        return f"{rank['group']}: pd {rank['role']}"
+    role = "leader, serves HTTP" if rank["rank"] == 0 else f"follower of {rank['leader']}, headless"
+    return f"{rank['group']}: {rank['layout']} rank {rank['rank']} of {len(rank['hosts'])} ({role})"
 
 
 @engine_app.command("argv")

@@ -113,6 +113,10 @@ class EngineAdapter:
     capabilities: dict[str, Span] = {}
     flags: dict[str, Span] = {}  # every flag the adapter may emit or accept in extra args
     load_formats: dict[str, Span] = {}  # --load-format choices for safetensors checkpoints, per version
+    # Serving layouts (values.topology.LAYOUTS) the adapter renders, per release; each rank's flags and
+    # environment come from ``layout_args``, and ``layout_flags`` lists every flag it may write.
+    layouts: dict[str, Span] = {"single": Span()}
+    layout_flags: frozenset[str] = frozenset()
     health: Health
     metrics: Metrics
     default_port: int = 8000
@@ -191,8 +195,35 @@ class EngineAdapter:
         return span is not None and span.contains(self.version)
 
     # --- to implement -------------------------------------------------------------------
-    def command(self, hv: HostVars, drafter_path: str | None = None) -> Command:
+    def command(self, hv: HostVars, drafter_path: str | None = None, rank=None) -> Command:
+        """The engine's command line for ``hv``; ``rank`` (values.topology.Rank, None: a host of its own) is the
+        host's place in a serving group."""
         raise NotImplementedError
+
+    def layout_args(self, hv: HostVars, rank) -> tuple[list[str], dict[str, str]]:
+        """The flags and environment that put one rank in its serving group (nothing for ``single``)."""
+        return [], {}
+
+    # --- serving layouts -----------------------------------------------------------------
+    def layout_problems(self, hv: HostVars, host: str | None) -> list[Finding]:
+        """The layout is one this release renders (the group-level checks are in topology/)."""
+        layout = hv.specdeploy_topology
+        span = self.layouts.get(layout)
+        if span is not None and span.contains(self.version):
+            return []
+        valid = [k for k, s in self.layouts.items() if s.contains(self.version)]
+        why = (f"needs {self.label} {span.since} or later" if span is not None and span.since else
+               f"is not a layout specdeploy renders for {self.label}")
+        return [Finding("error", "specdeploy_topology", f"'{layout}' {why} (pinned: {self.version})",
+                        f"use one of: {', '.join(valid)}", host)]
+
+    @staticmethod
+    def tp_of(hv: HostVars, rank) -> int:
+        """Tensor-parallel size of the engine's command line: the host's, the whole group's (tp), or one
+        data-parallel rank's (dp_ep)."""
+        if rank is None or rank.layout in ("single", "pd"):
+            return hv.tp
+        return rank.world if rank.layout == "tp" else rank.tp_per_dp
 
     def credential_content(self, name: str, key: str) -> str:
         """The content of the credential file ``name`` (Command.credential) that carries the API key ``key``:
@@ -295,6 +326,7 @@ class EngineAdapter:
 
     def validate_extras(self, hv: HostVars, host: str | None) -> list[Finding]:
         out = self.spec_config_problems(hv, host) + self.k_by_batch_problems(hv, host)
+        out += self.layout_problems(hv, host)
         fmt = hv.specdeploy_load_format
         if fmt and not self.load_format_ok(fmt):
             valid = sorted(f for f in self.load_formats if self.load_format_ok(f))
@@ -308,7 +340,12 @@ class EngineAdapter:
             if not arg.startswith("--"):
                 continue
             flag = arg.split("=", 1)[0]
-            if flag in own:  # the engine's parser keeps the last one: a second --port silently wins
+            if flag in self.layout_flags:
+                out.append(Finding(
+                    "error", "specdeploy_engine_extra_args", f"{flag} places the engine in a serving group, which "
+                    "specdeploy writes per rank from the inventory", "remove it and set specdeploy_topology and "
+                    "specdeploy_group (docs/topology.md)", host))
+            elif flag in own:  # the engine's parser keeps the last one: a second --port silently wins
                 out.append(Finding(
                     "error", "specdeploy_engine_extra_args", f"{flag} is set by specdeploy already (from the "
                     "inventory variables); given twice, the engine would take the later one",

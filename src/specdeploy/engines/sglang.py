@@ -39,7 +39,20 @@ CAPABILITIES = {
     "adaptive_spec_per_batch": Span("0.5.13"),
     # Eagle3DeepseekV2ForCausalLM (MLA drafter head), as in DRAFTER["archs"].
     "mla_eagle3_drafter": Span("0.5.12"),
+    # --attn-dp-size N (fields/parallel.py): attention data parallelism of its own. Before 0.5.22 it is
+    # --dp-size N --enable-dp-attention; 0.5.22 deprecated that spelling (rewritten to attn_dp_size) and made
+    # --dp-size count model replicas, which it refuses across nodes.
+    "attn_dp_size": Span("0.5.22"),
 }
+
+# Serving layouts (values.topology), read from the release sources (docs/topology.md): multi-node TP (--nnodes,
+# --node-rank, --dist-init-addr), DP attention with --ep-size, and PD disaggregation (--disaggregation-mode,
+# --disaggregation-transfer-backend mooncake or nixl, --disaggregation-bootstrap-port on prefill servers) are in
+# 0.5.1 and in 0.5.23.
+LAYOUTS = {"single": Span(), "tp": Span(), "dp_ep": Span(), "pd": Span()}
+LAYOUT_FLAGS = ("--nnodes", "--node-rank", "--dist-init-addr", "--disaggregation-mode",
+                "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port", "--enable-dp-attention",
+                "--attn-dp-size")
 
 FLAGS = {f: Span() for f in (
     "--model-path", "--served-model-name", "--host", "--port", "--tp-size", "--ep-size", "--context-length",
@@ -50,6 +63,9 @@ FLAGS = {f: Span() for f in (
     "--tool-call-parser", "--reasoning-parser", "--watchdog-timeout",
     "--dist-timeout", "--page-size", "--moe-runner-backend")}
 FLAGS["--config"] = CAPABILITIES["config_file"]
+FLAGS.update({f: Span() for f in LAYOUT_FLAGS})
+FLAGS["--attn-dp-size"] = CAPABILITIES["attn_dp_size"]
+FLAGS["--dp-size"] = Span()
 # Scheduler metrics are recorded on attention-TP rank 0 only unless this is set (scheduler.py in 0.5.1 and 0.5.6,
 # observability/scheduler_metrics_mixin.py in 0.5.10, observability/metrics_collector.py in 0.5.23): present in
 # every release the adapter takes. Each scheduler's series carries tp_rank, pp_rank, moe_ep_rank and, under DP,
@@ -169,6 +185,8 @@ class SGLang(EngineAdapter):
     versions = VERSIONS
     capabilities = CAPABILITIES
     flags = FLAGS
+    layouts = LAYOUTS
+    layout_flags = frozenset(LAYOUT_FLAGS)
     load_formats = LOAD_FORMATS
     launch_hint = "python -m sglang.launch_server --help"
     health = Health(
@@ -261,19 +279,23 @@ class SGLang(EngineAdapter):
         import json
         return f"api-key: {json.dumps(key)}\n"  # a --config YAML file; a JSON string is a YAML scalar
 
-    def command(self, hv, drafter_path=None) -> Command:
+    def command(self, hv, drafter_path=None, rank=None) -> Command:
+        # SGLang's --tp-size spans the whole group under DP attention too (--attn-dp-size divides it).
+        tp = rank.world if rank is not None and rank.layout in ("tp", "dp_ep") else hv.tp
         argv = ["python", "-m", "sglang.launch_server",
                 "--model-path", hv.specdeploy_model_path,
                 "--served-model-name", hv.served_model_name,
                 "--host", hv.specdeploy_bind_address,
                 "--port", str(hv.specdeploy_port),
-                "--tp-size", str(hv.tp),
+                "--tp-size", str(tp),
                 "--mem-fraction-static", str(hv.specdeploy_gpu_memory_utilization),
                 "--enable-metrics"]
         if self.flag_exists("--enable-metrics-for-all-schedulers"):
             argv.append("--enable-metrics-for-all-schedulers")
-        if hv.specdeploy_expert_parallel:
-            argv += ["--ep-size", str(hv.tp)]
+        layout_argv, layout_env = self.layout_args(hv, rank)
+        argv += layout_argv
+        if hv.specdeploy_expert_parallel and "--ep-size" not in argv:
+            argv += ["--ep-size", str(tp)]
         if hv.specdeploy_max_model_len:
             argv += ["--context-length", str(hv.specdeploy_max_model_len)]
         if hv.specdeploy_trust_remote_code:
@@ -293,7 +315,24 @@ class SGLang(EngineAdapter):
             credential = API_KEY_CREDENTIAL
             argv += ["--config", "${CREDENTIALS_DIRECTORY}/" + credential]
         argv += list(hv.specdeploy_engine_extra_args)
-        return Command(argv=argv, env={}, secret_env={}, credential=credential)
+        return Command(argv=argv, env=layout_env, secret_env={}, credential=credential)
+
+    def layout_args(self, hv, rank) -> tuple[list[str], dict[str, str]]:
+        if rank is None or rank.layout == "single":
+            return [], {}
+        env = {"SGLANG_HOST_IP": rank.address}
+        if rank.layout == "pd":
+            argv = ["--disaggregation-mode", rank.role, "--disaggregation-transfer-backend", rank.transfer]
+            if rank.role == "prefill":
+                argv += ["--disaggregation-bootstrap-port", str(rank.pd_port)]
+            return argv, env
+        argv = ["--nnodes", str(rank.size), "--node-rank", str(rank.index),
+                "--dist-init-addr", f"{_host_port(rank.leader_address)}:{rank.port}"]
+        if rank.layout == "dp_ep":
+            argv += (["--attn-dp-size", str(rank.dp_size)] if self.has("attn_dp_size")
+                     else ["--dp-size", str(rank.dp_size), "--enable-dp-attention"])
+            argv += ["--ep-size", str(rank.world)]
+        return argv, env
 
     def profile_defaults(self, profile) -> dict[str, object]:
         return self.pcie_defaults(profile, "flashinfer")
@@ -527,3 +566,8 @@ class _SGLangSimMetrics:
             mean = sum(self.window) / len(self.window)
         self.m_al.labels(**self.lv).set(1 + mean)
         self.m_ar.labels(**self.lv).set(mean / k)
+
+
+def _host_port(address: str) -> str:
+    """An address as the host part of host:port (an IPv6 address in brackets)."""
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address

@@ -25,6 +25,8 @@ from specdeploy.engines.vllm_tables import (  # noqa: F401 (re-exported: the ada
     CAPABILITIES,
     SPEC_KEYS,
     FLAGS,
+    LAYOUTS,
+    LAYOUT_FLAGS,
     CUSTOM_AR_WORLD_SIZES,
     CUSTOM_AR_MAX,
     CUSTOM_AR_MAX_WITH_SYMM_MEM,
@@ -62,6 +64,8 @@ class VLLM(EngineAdapter):
     versions = VERSIONS
     capabilities = CAPABILITIES
     flags = FLAGS
+    layouts = LAYOUTS
+    layout_flags = frozenset(LAYOUT_FLAGS)
     load_formats = LOAD_FORMATS
     launch_hint = "vllm serve --help=all"
     health = Health(
@@ -139,14 +143,16 @@ class VLLM(EngineAdapter):
                                      f"SM{cc.replace('.', '')}, compiled model): size < {cap} bytes"))
         return out
 
-    def command(self, hv, drafter_path=None) -> Command:
+    def command(self, hv, drafter_path=None, rank=None) -> Command:
         argv = ["vllm", "serve", hv.specdeploy_model_path,
                 "--served-model-name", hv.served_model_name,
                 "--host", hv.specdeploy_bind_address,
                 "--port", str(hv.specdeploy_port),
-                "--tensor-parallel-size", str(hv.tp),
+                "--tensor-parallel-size", str(self.tp_of(hv, rank)),
                 "--gpu-memory-utilization", str(hv.specdeploy_gpu_memory_utilization)]
-        if hv.specdeploy_expert_parallel:
+        layout_argv, layout_env = self.layout_args(hv, rank)
+        argv += layout_argv
+        if hv.specdeploy_expert_parallel and "--enable-expert-parallel" not in argv:
             argv.append("--enable-expert-parallel")
         if hv.specdeploy_max_model_len:
             argv += ["--max-model-len", str(hv.specdeploy_max_model_len)]
@@ -162,9 +168,36 @@ class VLLM(EngineAdapter):
         if hv.specdeploy_spec_enabled:
             argv += ["--speculative-config", dumps_compact(self.spec_config(hv, drafter_path))]
         argv += list(hv.specdeploy_engine_extra_args)
-        env = {"VLLM_NO_USAGE_STATS": "1"}
+        env = {"VLLM_NO_USAGE_STATS": "1", **layout_env}
         secret = {"VLLM_API_KEY": "api_key"} if hv.specdeploy_api_key_file and self.has("api_key_env") else {}
         return Command(argv=argv, env=env, secret_env=secret)
+
+    def layout_args(self, hv, rank) -> tuple[list[str], dict[str, str]]:
+        if rank is None or rank.layout == "single":
+            return [], {}
+        env = {"VLLM_HOST_IP": rank.address}
+        if rank.layout == "tp":
+            argv = ["--distributed-executor-backend", "mp", "--nnodes", str(rank.size),
+                    "--node-rank", str(rank.index), "--master-addr", rank.leader_address,
+                    "--master-port", str(rank.port)]
+        else:  # dp_ep: every GPU of the group one data-parallel rank (or tp_per_dp GPUs each), experts sharded
+            argv = ["--data-parallel-size", str(rank.dp_size), "--data-parallel-size-local", str(rank.dp_local),
+                    "--data-parallel-address", rank.leader_address, "--data-parallel-rpc-port", str(rank.port),
+                    "--enable-expert-parallel"]
+            if not rank.leader:
+                argv += ["--data-parallel-start-rank", str(rank.index * rank.dp_local)]
+        if not rank.leader:
+            argv.append("--headless")  # no API server: the leader's serves the whole group
+        return argv, env
+
+    def layout_problems(self, hv, host):
+        if hv.specdeploy_topology == "pd":
+            return [Finding("error", "specdeploy_topology", "pd on vLLM is not rendered: vLLM's KV transfer "
+                            "(--kv-transfer-config, NixlConnector) needs a proxy that hands each prefill's "
+                            "kv_transfer_params to its decode request, and sglang-router's PD mode pairs instances "
+                            "through SGLang's bootstrap server instead", "serve pd with specdeploy_engine: sglang, "
+                            "or use specdeploy_topology tp or dp_ep on vLLM", host)]
+        return super().layout_problems(hv, host)
 
     def profile_defaults(self, profile) -> dict[str, object]:
         return self.pcie_defaults(profile, "TRITON_MLA")

@@ -61,6 +61,18 @@ FLAGS = {
     "--language-model-only": Span("0.17.0"),
 }
 
+# Serving layouts (values.topology), read from the release sources (docs/topology.md): multi-node TP with the mp
+# executor (--nnodes, --node-rank, --master-addr/-port, --headless on the other nodes) and data parallel across
+# nodes (--data-parallel-size-local/-start-rank/-address/-rpc-port) are in 0.16.0 and in 0.33.0. pd is not
+# rendered: vLLM's KV transfer (--kv-transfer-config, NixlConnector) needs a proxy that hands the prefill's
+# kv_transfer_params to the decode request, and the one router specdeploy runs pairs instances through SGLang's
+# bootstrap server instead.
+LAYOUTS = {"single": Span(), "tp": Span(), "dp_ep": Span()}
+LAYOUT_FLAGS = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--distributed-executor-backend",
+                "--headless", "--data-parallel-size-local", "--data-parallel-start-rank", "--data-parallel-address",
+                "--data-parallel-rpc-port")
+FLAGS.update({f: Span() for f in LAYOUT_FLAGS})
+
 # All-reduce paths in front of NCCL, read from vllm/distributed/device_communicators/ (cuda_communicator.py
 # tries custom all-reduce, then torch symmetric memory, then pynccl) and the all-reduce + RMSNorm fusion pass.
 # The SM90/SM100 tables are the same in every release read (0.16.0, 0.18.0, 0.22.0, 0.27.0, 0.33.0).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,9 @@ class Inventory:
     engine_hosts: list[Host]
     monitoring_hosts: list[str]
     all_vars: dict[str, dict[str, Any]]
+    # Every engine host of the serving groups (specdeploy_group) the engine hosts belong to, --limit or not, in
+    # inventory order: topology.ranks resolves each host's rank from it.
+    group_hosts: list[Host] = field(default_factory=list)
 
     def host(self, name: str) -> Host:
         for h in self.engine_hosts:
@@ -240,7 +243,8 @@ def load(path: str | os.PathLike, limit: str | None = None, extra: dict[str, Any
                                        "add hosts to hosts.yml (see inventory/example)")])
     problems: list[Finding] = []
     hosts: list[Host] = []
-    for name in engine_host_names(inv, path, limit):
+    wanted = engine_host_names(inv, path, limit)
+    for name in wanted:
         variables = all_vars[name]
         if isinstance(variables, SpecdeployError):
             problems.extend(variables.problems)
@@ -251,8 +255,32 @@ def load(path: str | os.PathLike, limit: str | None = None, extra: dict[str, Any
             problems.extend(exc.problems)
     if problems:
         raise SpecdeployError(problems)
+    members = _group_members(inv, path, all_vars, hosts)
     monitoring = [h.name for h in inv.get_hosts(MONITORING_GROUP)]
-    return Inventory(path, hosts, monitoring, {k: v for k, v in all_vars.items() if isinstance(v, dict)})
+    return Inventory(path, hosts, monitoring, {k: v for k, v in all_vars.items() if isinstance(v, dict)}, members)
+
+
+def _group_members(inv, path: Path, all_vars, hosts: list[Host]) -> list[Host]:
+    """The engine hosts of every serving group a host of ``hosts`` belongs to, in inventory order: a command
+    limited to one rank still renders it from its whole group."""
+    named = {h.hv.specdeploy_group for h in hosts if h.hv.specdeploy_group}
+    have = {h.name: h for h in hosts}
+    out: list[Host] = []
+    problems: list[Finding] = []
+    for name in engine_host_names(inv, path, None):
+        if name in have:
+            out.append(have[name])
+            continue
+        variables = all_vars[name]
+        if not named or not isinstance(variables, dict) or variables.get("specdeploy_group") not in named:
+            continue
+        try:
+            out.append(Host(name, variables, validate_host(name, variables)))
+        except SpecdeployError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise SpecdeployError(problems)
+    return out
 
 
 def _template(templar, key, value, host):

@@ -17,6 +17,7 @@ from pydantic_core import PydanticCustomError
 from specdeploy.values.errors import Finding, SpecdeployError
 from specdeploy.values.hardware import PROFILE_NAMES
 from specdeploy.values.hostpaths import HOST_PATHS
+from specdeploy.values.topology import LAYOUT_TEXT, LAYOUTS, PD_ROLES
 
 PREFIX = "specdeploy_"
 
@@ -81,6 +82,7 @@ class CustomHardware(BaseModel):
     compute_capability: str = Field(pattern=r"^\d+\.\d+$")
     interconnect: Literal["pcie", "nvlink"]
     nvswitch: bool = False
+    rdma: bool = False
     nccl_env: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("nccl_env")
@@ -234,6 +236,35 @@ class HostVars(BaseModel):
         "none", description="Put a router in front of the group's replicas (`sglang-router`, which serves vLLM and "
         "SGLang workers alike); rolling deploys then drain each replica through it.")
     specdeploy_router_port: int = Field(30080, ge=1, le=65535, description="Router HTTP port.")
+    specdeploy_topology: Literal[LAYOUTS] = Field(  # type: ignore[valid-type]
+        "single", description="How the hosts of one serving group (`specdeploy_group`) serve the model: "
+        + "; ".join(f"`{k}`: {v}" for k, v in LAYOUT_TEXT.items()) + ". Every host of a group gives the same "
+        "value; the group's ranks follow the order of its hosts in the inventory, the first being the leader that "
+        "serves HTTP (docs/topology.md).")
+    specdeploy_group: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", description="The serving group this host belongs to "
+        "(one model instance; set it in the group_vars of an Ansible group that lists the instance's hosts). "
+        "Required unless `specdeploy_topology` is `single`, where each host is its own group.")
+    specdeploy_pd_role: Literal[PD_ROLES] | None = Field(  # type: ignore[valid-type]
+        None, description="With `specdeploy_topology: pd`: whether this host serves `prefill` or `decode`.")
+    specdeploy_dist_port: int = Field(
+        29501, ge=1, le=65535, description="The rendezvous port on a multi-host group's leader (vLLM's "
+        "`--master-port` or `--data-parallel-rpc-port`, SGLang's `--dist-init-addr` port).")
+    specdeploy_dist_interface: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}$", description="The network interface the ranks of a "
+        "multi-host group talk over (NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME; `preflight --hosts` checks it "
+        "exists on every rank). Default: NCCL's and Gloo's own choice.")
+    specdeploy_dist_address: str | None = Field(
+        None, description="The address the other ranks of this host's group reach it at (on "
+        "`specdeploy_dist_interface`). Default: `ansible_host`.")
+    specdeploy_rdma: bool | None = Field(
+        None, description="The hosts have RDMA NICs (InfiniBand or RoCE) between them. Default: the hardware "
+        "profile's. Cross-host `tp` and `pd` need them; `preflight --hosts` checks the devices.")
+    specdeploy_kv_transfer: Literal["nixl", "mooncake"] = Field(
+        "nixl", description="With `specdeploy_topology: pd`: how KV caches move from prefill to decode.")
+    specdeploy_pd_port: int = Field(
+        8998, ge=1, le=65535, description="With `specdeploy_topology: pd`: the KV-transfer side channel's port "
+        "(SGLang's bootstrap port on prefill hosts, vLLM's NIXL side channel).")
     specdeploy_serial: SerialCount | SerialPercent | None = Field(
         None, description="Ansible `serial` for deploy.yml (e.g. 1 for a rolling deploy); default all at once.")
     specdeploy_port: int = Field(8000, ge=1, le=65535, description="Engine HTTP port.")
@@ -337,6 +368,11 @@ class HostVars(BaseModel):
         return get_profile(self.specdeploy_hardware, custom)
 
     @property
+    def rdma(self) -> bool:
+        """RDMA NICs between hosts: as the inventory says, else as the hardware profile ships."""
+        return self.profile().rdma if self.specdeploy_rdma is None else self.specdeploy_rdma
+
+    @property
     def tp(self) -> int:
         return self.specdeploy_tensor_parallel_size or self.profile().gpu_count
 
@@ -423,6 +459,8 @@ def semantic_problems(host: str, hv: HostVars) -> list[Finding]:
     out.extend(k_by_batch_problems(host, hv))
     out.extend(source_problems(host, hv))
     out.extend(port_problems(host, hv))
+    from specdeploy.hostvars.layout import layout_problems
+    out.extend(layout_problems(host, hv))
     from specdeploy.engines import UnsupportedVersion, get_adapter
     try:
         adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)

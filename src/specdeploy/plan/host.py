@@ -17,6 +17,7 @@ from specdeploy.plan.render.quoting import shell_line
 from specdeploy.plan.render.runtime import engine_image, exec_argv
 from specdeploy.plan.render.systemd import jinja_env
 from specdeploy.hostvars.schema import HostVars
+from specdeploy.values.topology import Rank
 
 
 @dataclass
@@ -39,9 +40,16 @@ class HostPlan:
     health: dict[str, str] = field(default_factory=dict)
     served_model_name: str = ""
     other_engines: list[dict] = field(default_factory=list)  # what switching away from each other engine removes
+    rank: dict | None = None  # the host's place in its serving group (values.topology.Rank.to_dict)
+
+    @property
+    def serves(self) -> bool:
+        """The engine on this host answers HTTP: every host but a multi-host group's followers (headless)."""
+        return self.rank is None or self.rank["rank"] == 0
 
     def summary(self) -> dict:
         return {"engine": self.engine, "version": self.version, "runtime": self.runtime, "tp": self.tp,
+                "rank": self.rank, "serves": self.serves,
                 "speculation": self.spec, "nccl": self.nccl_source, "ports": self.ports,
                 "engine_unit": self.engine_unit, "exporter_unit": self.exporter_unit, "image": self.image,
                 "drafter_path": self.drafter_path, "health": self.health,
@@ -60,15 +68,32 @@ class HostPlan:
         return d
 
 
-def engine_command(hv: HostVars):
+def engine_command(hv: HostVars, rank: Rank | None = None):
     adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)
-    return adapter, adapter.command(hv, converted_drafter_path(hv))
+    if rank is None or rank.layout == "single":  # an adapter that renders only single needs no rank
+        return adapter, adapter.command(hv, converted_drafter_path(hv))
+    return adapter, adapter.command(hv, converted_drafter_path(hv), rank)
 
 
-def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan:
-    adapter, cmd = engine_command(hv)
+def group_env(rank: Rank | None) -> dict[str, str]:
+    """What NCCL and Gloo need between the hosts of a serving group: the interface they talk over. The engines do
+    not read these variables; NCCL and torch's Gloo do (docs/topology.md)."""
+    if rank is None or not rank.interface or not (rank.multi_host or rank.layout == "pd"):
+        return {}
+    return {"NCCL_SOCKET_IFNAME": rank.interface, "GLOO_SOCKET_IFNAME": rank.interface}
+
+
+def render_host(host: str, hv: HostVars, address: str | None = None, rank: Rank | None = None) -> HostPlan:
+    """One host's plan; ``rank`` is its place in a serving group (topology.resolve), None for a host of its own."""
+    if rank is None and hv.specdeploy_topology != "single":
+        raise SpecdeployError([Finding("error", "specdeploy_topology", f"{host} is {hv.specdeploy_topology} in "
+                                       f"group {hv.specdeploy_group}, whose ranks come from the whole inventory",
+                                       "render it from the inventory (specdeploy plan -i), or through the role, "
+                                       "which passes the group's hosts", host)])
+    adapter, cmd = engine_command(hv, rank)
     env_vars, nccl_source = nccl_env.resolve(hv)
     env = dict(env_vars)
+    env.update(group_env(rank))
     env.update(cmd.env)
     env.update(hv.specdeploy_engine_env)
     image = engine_image(hv)
@@ -107,7 +132,8 @@ def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan
     return HostPlan(
         host=host, engine=hv.specdeploy_engine, version=hv.specdeploy_engine_version,
         runtime=hv.specdeploy_runtime + ("+simulator" if hv.specdeploy_sandbox
-                                         and hv.specdeploy_sandbox_engine == "simulator" else ""), tp=hv.tp,
+                                         and hv.specdeploy_sandbox_engine == "simulator" else ""),
+        tp=adapter.tp_of(hv, rank),
         spec=hv.specdeploy_spec_enabled, nccl_source=nccl_source, engine_unit=unit,
         exporter_unit="specdeploy-exporter.service", argv=cmd.argv, env=env, image=image,
         drafter_path=converted_drafter_path(hv), files=files,
@@ -116,6 +142,7 @@ def render_host(host: str, hv: HostVars, address: str | None = None) -> HostPlan
         served_model_name=hv.served_model_name,
         other_engines=[{"engine": e, "unit": unit_name(e), "files": engine_files(e)}
                        for e in names() if e != hv.specdeploy_engine],
+        rank=rank.to_dict() if rank is not None else None,
     )
 
 
@@ -156,10 +183,12 @@ def plan(inventory: str, limit: str | None = None, extra: dict | None = None, va
     """Every engine host of ``inventory`` rendered, and the scrape config over them (vault: the vault secrets
     given on the command line)."""
     from specdeploy.hostvars import inventory as inv_mod
+    from specdeploy.topology import inventory_ranks
     inv = inv_mod.load(inventory, limit=limit, extra=extra, vault=vault)
+    ranks = inventory_ranks(inv)
     plans: list[tuple[str, str, HostPlan]] = []
     for h in inv.engine_hosts:
-        plans.append((h.name, h.address, render_host(h.name, h.hv, h.address)))
+        plans.append((h.name, h.address, render_host(h.name, h.hv, h.address, ranks.get(h.name))))
     prom = render_prometheus(prometheus_targets(plans), rules_files=["/etc/prometheus/rules/specdeploy.rules.yml"])
     return inv, plans, prom
 

@@ -36,6 +36,9 @@ class HardwareProfile:
     # (no sparsity) BF16 tensor-core TFLOPS, from the vendor's datasheet; None where not known.
     hbm_bandwidth_gbs: float | None = None
     bf16_dense_tflops: float | None = None
+    # RDMA NICs between hosts (InfiniBand or RoCE), as the platform ships them: what cross-host tensor
+    # parallelism and KV transfer need. A host may differ (specdeploy_rdma); preflight --hosts reads the devices.
+    rdma: bool = False
 
     @property
     def sm(self) -> int:
@@ -55,6 +58,7 @@ RTX_PRO_6000_PCIE = HardwareProfile(
     interconnect="pcie",
     nvswitch=False,
     fabric_manager=False,
+    rdma=False,  # PCIe servers: the NICs are the integrator's choice, so the profile claims none
     # NVIDIA RTX PRO 6000 Blackwell Server Edition datasheet: 96 GB GDDR7, 512-bit at 28 Gbps = 1792 GB/s;
     # 4000 AI TOPS is FP4 with sparsity, which puts dense BF16 (FP32 accumulate) at 4000 / 8 = 500 TFLOPS.
     hbm_bandwidth_gbs=1792.0,
@@ -80,6 +84,7 @@ B200_NVL8 = HardwareProfile(
     fabric_manager=True,
     nccl_env={},
     nvlsm=True,
+    rdma=True,  # HGX B200: eight ConnectX-7 400 Gb/s NICs, one per GPU
     # NVIDIA DGX/HGX B200 datasheet: 8 TB/s HBM3e per GPU; BF16 tensor 4.5 PFLOPS with sparsity, 2.25 dense.
     hbm_bandwidth_gbs=8000.0,
     bf16_dense_tflops=2250.0,
@@ -95,6 +100,7 @@ H200_NVL8 = HardwareProfile(
     nvswitch=True,
     fabric_manager=True,
     nccl_env={},
+    rdma=True,  # HGX H200: eight ConnectX-7 400 Gb/s NICs, one per GPU
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): 4.8 TB/s HBM3e; BF16 tensor 1979 TFLOPS with sparsity,
     # 989 dense.
     hbm_bandwidth_gbs=4800.0,
@@ -121,6 +127,7 @@ def custom_profile(spec: dict) -> HardwareProfile:
         nvlsm=spec.get("nvswitch", False) and int(spec["compute_capability"].split(".")[0]) >= 10,
         hbm_bandwidth_gbs=spec.get("hbm_bandwidth_gbs"),
         bf16_dense_tflops=spec.get("bf16_dense_tflops"),
+        rdma=spec.get("rdma", False),
     )
 
 

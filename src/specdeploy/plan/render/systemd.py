@@ -42,9 +42,18 @@ def jinja_env() -> jinja2.Environment:
     return _env
 
 
-def render_router(worker_urls: list[str], port: int, venv: str, policy: str = "round_robin") -> str:
-    """systemd unit for sglang-router in front of the replicas (it serves vLLM and SGLang workers alike)."""
+def render_router(worker_urls: list[str], port: int, venv: str, policy: str = "round_robin",
+                  prefill: list[tuple[str, int]] | None = None, decode: list[str] | None = None) -> str:
+    """systemd unit for sglang-router in front of the replicas (it serves vLLM and SGLang workers alike), or in PD
+    mode in front of prefill (each with its bootstrap port) and decode instances."""
     argv = [f"{venv}/bin/python", "-m", "sglang_router.launch_router", "--host", "0.0.0.0", "--port", str(port),
-            "--policy", policy, "--health-check-interval-secs", "5", "--retry-max-retries", "3",
-            "--worker-urls", *worker_urls]
+            "--policy", policy, "--health-check-interval-secs", "5", "--retry-max-retries", "3"]
+    if prefill or decode:
+        argv.append("--pd-disaggregation")
+        for u, bootstrap in prefill or []:
+            argv += ["--prefill", u, str(bootstrap)]
+        for u in decode or []:
+            argv += ["--decode", u]
+    else:
+        argv += ["--worker-urls", *worker_urls]
     return jinja_env().get_template("router.service.j2").render(exec_argv=argv, user=SERVICE_USER)
