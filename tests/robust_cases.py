@@ -521,6 +521,30 @@ def argument_cases() -> list[Case]:
             ("k-by-batch-unknown-key", [{"from_batch": 1, "k": 3, "until": 8}], {}, ("until",))):
         e = json.dumps({**spec, "specdeploy_spec_k_by_batch": bands, **extra})
         c.append(Case(f"plan-{label}", ["plan", "--json", "-i", "{inv}", "-e", e], names))
+    # serving layouts the inventory cannot carry (the example's hosts are PCIe hosts without RDMA)
+    g = {"specdeploy_group": "kimi"}
+    for label, e, names in (
+            ("tp-without-rdma", {"specdeploy_topology": "tp", **g}, ("specdeploy_topology", "RDMA")),
+            ("tp-without-group", {"specdeploy_topology": "tp"}, ("specdeploy_group",)),
+            ("dp-ep-tp-3", {"specdeploy_topology": "dp_ep", "specdeploy_tensor_parallel_size": 3, **g},
+             ("specdeploy_tensor_parallel_size",)),
+            ("tp-tp-4", {"specdeploy_topology": "tp", "specdeploy_tensor_parallel_size": 4, "specdeploy_rdma": True,
+                         **g}, ("specdeploy_tensor_parallel_size",)),
+            ("pd-without-role", {"specdeploy_topology": "pd", "specdeploy_rdma": True, **g}, ("specdeploy_pd_role",)),
+            ("pd-on-vllm", {"specdeploy_topology": "pd", "specdeploy_pd_role": "prefill", "specdeploy_rdma": True,
+                            "specdeploy_router": "sglang-router", **g}, ("specdeploy_topology",)),
+            ("pd-only-prefill", {"specdeploy_topology": "pd", "specdeploy_pd_role": "prefill", "specdeploy_rdma": True,
+                                 "specdeploy_router": "sglang-router", "specdeploy_engine": "sglang",
+                                 "specdeploy_engine_version": "0.5.23", **g}, ("decode",)),
+            ("single-shared-group", g, ("specdeploy_group",)),
+            ("role-without-pd", {"specdeploy_pd_role": "decode"}, ("specdeploy_pd_role",)),
+            ("dist-port-is-engine-port", {"specdeploy_topology": "dp_ep", "specdeploy_dist_port": 8000, **g},
+             ("specdeploy_dist_port",)),
+            ("dist-address", {"specdeploy_dist_address": "10.0.0.1 --evil", "specdeploy_topology": "dp_ep", **g},
+             ("specdeploy_dist_address",)),
+            ("extra-nnodes", {"specdeploy_engine_extra_args": ["--nnodes", "2"]}, ("specdeploy_engine_extra_args",)),
+            ("interface-slash", {"specdeploy_dist_interface": "../eth0"}, ("specdeploy_dist_interface",))):
+        c.append(Case(f"plan-layout-{label}", ["plan", "--json", "-i", "{inv}", "-e", json.dumps(e)], names))
     for label, w in (("short", "1"), ("negative", "1,-1"), ("zero", "0,0"), ("nan", "nan,1"), ("word", "a,b"),
                      ("empty-item", "1,")):
         c.append(Case(f"gate-weights-{label}", ["gate", "--url", "{closed}", "--concurrency", "1,8", "--weights", w,

@@ -93,8 +93,8 @@ def group_problems(name: str, members: list[Member]) -> list[Finding]:
     cross_fabric = layout == "tp" and len(members) > 1 or layout == "pd"
     no_rdma = [m.name for m in members if not m.hv.rdma]
     if cross_fabric and no_rdma:
-        what = ("every layer's all-reduce crosses the hosts: over TCP it is one to two orders of magnitude slower "
-                "than NVLink or PCIe inside a host" if layout == "tp" else
+        what = ("every layer's all-reduce crosses the hosts, and without RDMA NCCL carries it over TCP sockets"
+                if layout == "tp" else
                 "each request's KV cache moves from the prefill to the decode host; NIXL and Mooncake move it over "
                 "RDMA")
         out.append(Finding("error", "specdeploy_topology", f"serving group {name} is {layout} across hosts without "
