@@ -35,6 +35,8 @@ def preflight_hosts(inventory: str, limit: str | None = None, extra: dict | None
     _check_path(path)
     from concurrent.futures import ThreadPoolExecutor
     inv, all_vars = host_variables(path, extra, vault)
+    names = engine_host_names(inv, path, limit)
+    ranks, group_findings = _ranks(inv, path, all_vars, names)
 
     def one(name: str) -> Report:
         rep = Report()
@@ -54,9 +56,42 @@ def preflight_hosts(inventory: str, limit: str | None = None, extra: dict | None
                                         "the host is up", name))
             return rep
         acs_off = str(variables.get("gpu_host_acs_disable", False)).lower() in ("true", "1", "yes")
-        rep.extend(check_host(name, hv, facts, acs_off).findings)
+        rep.extend(check_host(name, hv, facts, acs_off, ranks.get(name)).findings)
         return rep
 
-    names = engine_host_names(inv, path, limit)
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(names)))) as pool:
-        return dict(zip(names, pool.map(one, names)))
+        reports = dict(zip(names, pool.map(one, names)))
+    for f in group_findings:  # a group its layout cannot serve: on the host the finding names, or the first
+        reports.get(f.host if f.host in reports else names[0], Report()).findings.append(f)
+    return reports
+
+
+def _ranks(inv, path, all_vars, names):
+    """(host -> rank, the group-level findings) over the serving groups of ``names``, their group-mates included;
+    a host that does not validate is left to its own report."""
+    from specdeploy.hostvars.inventory import engine_host_names
+    from specdeploy.hostvars.schema import validate_host
+    from specdeploy.topology import Member, groups, group_problems, resolve
+    from specdeploy.values.errors import SpecdeployError
+    members = []
+    for name in engine_host_names(inv, path, None):
+        variables = all_vars[name]
+        if isinstance(variables, SpecdeployError):
+            continue
+        try:
+            members.append(Member(name, str(variables.get("ansible_host", name)), validate_host(name, variables)))
+        except SpecdeployError:
+            continue
+    wanted = {m.hv.specdeploy_group or m.name for m in members if m.name in names}
+    members = [m for m in members if (m.hv.specdeploy_group or m.name) in wanted]
+    findings = []
+    ok = []
+    for gname, ms in groups(members).items():
+        found = group_problems(gname, ms)
+        findings += found
+        if not found:
+            ok += ms
+    try:
+        return resolve(ok), findings
+    except SpecdeployError as exc:  # not reached: the groups in ``ok`` passed group_problems
+        return {}, findings + exc.problems

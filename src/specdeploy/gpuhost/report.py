@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from specdeploy.gpuhost import groupnet
 from specdeploy.gpuhost.fabric import FabricManager, parse_fabricmanager
 from specdeploy.gpuhost.install import cuda_repo_path, docker_daemon_config, install_plan
 from specdeploy.gpuhost.smi import SMI_QUERY, Smi, parse_smi
@@ -32,6 +33,7 @@ GATHER = {
     "persistenced": "systemctl is-active nvidia-persistenced",
     "docker": "command -v dockerd",
     "daemon_json": "cat /etc/docker/daemon.json",
+    **groupnet.GATHER,
 }
 
 
@@ -72,6 +74,11 @@ class HostFacts:
     persistenced: bool = False
     docker: bool = False
     daemon_json: str | None = None
+    # a serving group's network (groupnet): None where it could not be read
+    rdma: dict[str, list[str]] | None = None
+    interfaces: dict[str, list[str]] | None = None
+    listening: set[int] | None = None
+    ntp_synced: bool | None = None
 
     @property
     def driver(self) -> str | None:
@@ -79,7 +86,9 @@ class HostFacts:
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("os_id", "os_version", "codename", "arch", "iommu", "open_modules",
-                                           "fm_version", "packages", "persistenced", "docker")}
+                                           "fm_version", "packages", "persistenced", "docker", "rdma",
+                                           "interfaces", "ntp_synced")}
+        d["listening"] = sorted(self.listening) if self.listening is not None else None
         d["driver"] = self.driver
         d["smi"] = self.smi.to_dict() if self.smi else None
         d["acs"] = asdict(self.acs) if self.acs else None
@@ -136,14 +145,24 @@ def facts_from_sections(sec: dict[str, tuple[int, str]]) -> HostFacts:
     f.persistenced = (sec.get("persistenced", (1, ""))[1].strip() == "active")
     f.docker = _ok(sec, "docker") is not None
     f.daemon_json = _ok(sec, "daemon_json")
+    rc, text = sec.get("rdma", (127, ""))
+    f.rdma = groupnet.parse_rdma(text) if rc == 0 else None
+    rc, text = sec.get("netif", (127, ""))
+    f.interfaces = groupnet.parse_interfaces(text) if rc == 0 else None
+    rc, text = sec.get("listen", (127, ""))
+    f.listening = groupnet.parse_listening(text) if rc == 0 else None
+    clock = _ok(sec, "clock")
+    f.ntp_synced = {"yes": True, "no": False}.get(clock.strip()) if clock else None
     return f
 
 
-def check_host(host: str, hv, facts: HostFacts, acs_disable: bool = False) -> Report:
-    """Every gap between this host and a serving one, each naming the host and the fix."""
+def check_host(host: str, hv, facts: HostFacts, acs_disable: bool = False, rank=None) -> Report:
+    """Every gap between this host and a serving one, each naming the host and the fix; ``rank``: the host's
+    place in its serving group (values.topology.Rank), whose network needs are checked too."""
     from specdeploy.nccl.env import resolve
     prof = hv.profile()
     rep = Report()
+    groupnet.layout_findings(host, hv, rank, facts, rep)
     provision = "run ansible-playbook ansible/provision.yml"
     if facts.os_id and cuda_repo_path(facts.os_id, facts.os_version) is None:
         rep.add("error", "operating system", f"{facts.os_id} {facts.os_version} is not supported (Ubuntu 22.04, "
