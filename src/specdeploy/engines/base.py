@@ -418,6 +418,16 @@ class SimReject(SystemExit):
         self.exit_code = exit_code
 
 
+@dataclass(frozen=True)
+class SimRank:
+    """One rank of a serving group as the simulator reads it off the engine's command line."""
+    index: int      # 0 is the leader
+    size: int       # the group's hosts
+    address: str    # the leader's rendezvous address
+    port: int       # and port
+    serves: bool    # this rank runs the API server
+
+
 class SimBehaviour:
     """How the engine simulator (``specdeploy simulate``) plays one engine: its command line, the endpoints'
     engine-specific behaviour, its metrics and what it prints while loading or crashing. The simulator
@@ -436,6 +446,14 @@ class SimBehaviour:
     served_option: str = "served_model_name"  # the option that names the served model (else the model path)
     health_generates: bool = False  # health endpoints answer 503 until loaded, then run a one-token generation
     metrics_option: str | None = None  # /metrics is served only when this option is set
+
+    def rank(self, opts: dict) -> SimRank | None:
+        """The serving-group rank the parsed options describe, or None for a host that serves alone."""
+        return None
+
+    def group_lost_lines(self, rank: SimRank, peer: str) -> list[str]:
+        """What the leader prints when a rank of its group goes away (then it exits non-zero)."""
+        return [f"ERROR rank of the serving group at {peer} closed its connection; the group cannot run without it"]
 
     def spec(self, version: str, opts: dict, facts: dict | None) -> dict | None:
         """The speculative setup from the parsed options: {"k", "method", "model"}, or None. Raises ArgError-

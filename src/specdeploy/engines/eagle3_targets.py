@@ -250,3 +250,17 @@ SGLANG_TARGETS = {
     "SarvamMoEForCausalLM": Span("0.5.10"),
     "TeleFLMForCausalLM": Span("0.5.6"),
 }
+
+
+def whitelist_from_source(path) -> list[str] | None:
+    """The EAGLE-3 target model types a vLLM release's speculative config (``path``) lists, read without
+    importing it; None when the release has no such list."""
+    import ast
+    from pathlib import Path
+    types = None
+    for node in ast.walk(ast.parse(Path(path).read_text())):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.List) and any(
+                isinstance(t, ast.Name) and t.id in ("eagle3_target_supported", "aux_hidden_states_supported")
+                for t in node.targets):
+            types = [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
+    return types

@@ -10,6 +10,7 @@ from specdeploy.values.errors import Finding
 from specdeploy.engines import eagle3_targets as e3
 from specdeploy.engines import sglang_logs
 from specdeploy.engines.base import (
+    SimRank,
     AllReducePath,
     Command,
     CommContext,
@@ -437,15 +438,28 @@ class SGLangSim(SimBehaviour):
     argv_head = ("python", "-m", "sglang.launch_server")
     usage = "usage: python -m sglang.launch_server --model-path PATH [options]"
     prog = "launch_server"
-    booleans = frozenset({"--trust-remote-code", "--enable-metrics", "--disable-custom-all-reduce",
-                          "--enable-metrics-for-all-schedulers"})
-    int_flags = frozenset({"--port", "--tp-size", "--ep-size", "--context-length", "--speculative-num-steps",
-                           "--speculative-eagle-topk", "--speculative-num-draft-tokens"})
+    booleans = frozenset({"--trust-remote-code", "--enable-metrics", "--enable-dp-attention",
+                          "--disable-custom-all-reduce", "--enable-metrics-for-all-schedulers"})
+    int_flags = frozenset({"--port", "--tp-size", "--ep-size", "--nnodes", "--node-rank", "--dp-size",
+                           "--attn-dp-size", "--disaggregation-bootstrap-port", "--context-length",
+                           "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens"})
     tp_option = "tp_size"
     health_generates = True
     metrics_option = "enable_metrics"
     kv_lines = ("[2026-01-01 00:00:00 TP0] KV Cache is allocated. #tokens: 1187264, KV size: 38.72 GB",
                 "[2026-01-01 00:00:00 TP0] Capture cuda graph begin. This can take up to several minutes.")
+
+    def rank(self, opts):
+        if not opts.get("nnodes") or int(opts["nnodes"]) < 2:
+            return None
+        host, _, port = str(opts.get("dist_init_addr") or "").rpartition(":")
+        index = int(opts.get("node_rank") or 0)
+        return SimRank(index, int(opts["nnodes"]), host.strip("[]"), int(port or 0), index == 0)
+
+    def group_lost_lines(self, rank, peer):
+        return [f"[2026-01-01 00:00:00 TP0] Scheduler hit an exception: RuntimeError: Connection closed by peer "
+                f"[{peer}]", "[2026-01-01 00:00:00] Received sigquit from a child process. It usually means the "
+                "child failed."]
 
     def spec(self, version, opts, facts):
         if "speculative_algorithm" not in opts:

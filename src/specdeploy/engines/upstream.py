@@ -7,6 +7,8 @@ verified against the sha256 the package index publishes. ``pip download`` cannot
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -106,7 +108,7 @@ def fetch(project: str, filename_predicate, label: str) -> Path:
     dest = dest_dir / entry["filename"]
     if dest.exists() and _sha256(dest) == want:
         return dest
-    tmp = dest.with_suffix(dest.suffix + ".part")
+    tmp = dest.with_suffix(f"{dest.suffix}.{os.getpid()}.part")  # one per process: workers share the cache
     with urllib.request.urlopen(entry["url"], timeout=600) as resp, open(tmp, "wb") as out:
         shutil.copyfileobj(resp, out, 1 << 20)
     got = _sha256(tmp)
@@ -115,6 +117,20 @@ def fetch(project: str, filename_predicate, label: str) -> Path:
         raise UpstreamError(f"{label}: sha256 mismatch for {entry['filename']}: {got} != {want}")
     tmp.replace(dest)
     return dest
+
+
+@contextlib.contextmanager
+def _locked(name: str):
+    """One process at a time fetches or unpacks ``name`` (test workers share the cache); the others wait, then
+    find it done."""
+    d = cache_root() / "locks"
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / f"{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def source(engine: str, version: str) -> Path:
@@ -129,6 +145,13 @@ def sdist_source(project: str, version: str) -> Path:
     out = cache_root() / "src" / f"{project}-{version}"
     if (out / project / "__init__.py").exists():
         return out
+    with _locked(f"{project}-{version}"):
+        if (out / project / "__init__.py").exists():
+            return out
+        return _unpack_sdist(project, version, out)
+
+
+def _unpack_sdist(project: str, version: str, out: Path) -> Path:
     sdist = fetch(project, lambda n: n == f"{project}-{version}.tar.gz", f"{project} {version} sdist")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -149,8 +172,17 @@ def wheel_source(project: str, version: str) -> Path:
     """Unpacked wheel (its .py files) of a project whose package is named like the project."""
     out = cache_root() / "src" / f"{project}-{version}"
     stamp = out / ".specdeploy-artifact"  # the wheel it was unpacked from: an older cache may hold another platform's
-    if (out / project / "__init__.py").exists() and stamp.is_file() and wheel_rank(stamp.read_text().strip()):
+    def done():
+        return (out / project / "__init__.py").exists() and stamp.is_file() and wheel_rank(stamp.read_text().strip())
+    if done():
         return out
+    with _locked(f"{project}-{version}"):
+        if done():
+            return out
+        return _unpack_wheel(project, version, out, stamp)
+
+
+def _unpack_wheel(project: str, version: str, out: Path, stamp: Path) -> Path:
     wheel = fetch(project, lambda n: n.startswith(f"{project}-{version}-") and n.endswith(".whl"),
                   f"{project} {version} wheel")
     tmp = out.with_name(out.name + ".tmp")

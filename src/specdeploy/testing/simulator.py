@@ -12,6 +12,13 @@ not have. Behaviour knobs come from the environment (the engine unit's env file)
   SPECDEPLOY_SIM_CRASH=load     crash during the load with a realistic multi-worker log in the engine's format
   SPECDEPLOY_SIM_DIE_AFTER      the engine dies this many seconds after becoming ready: the process stays, its
                                 health check fails and requests get 500, as when an engine core dies
+  SPECDEPLOY_SIM_GROUP_TIMEOUT  seconds a rank of a serving group waits for the others (default 600)
+
+A rank of a serving group (the rank flags of the command line: vLLM --nnodes/--headless or the data-parallel
+flags, SGLang --nnodes/--node-rank/--dist-init-addr) plays its part of the group's rendezvous over TCP: the leader
+listens on the rendezvous port and finishes loading only once every other rank has joined; the others join it
+with retries and serve no HTTP. When any rank goes away the leader prints the engine's error and exits non-zero,
+and the others exit when the leader goes, as the engines' process groups do.
 
 Where specdeploy depends on engine behaviour, the simulator behaves as the engines do: the command line is
 checked against the flags and speculative methods read from the real release (``engine_facts``); vLLM and SGLang
@@ -23,6 +30,7 @@ import json
 import os
 import random
 import signal
+import socket
 import sys
 import threading
 import time
@@ -282,6 +290,83 @@ def load_progress(engine: str, load_s: float, shards: int = 64, graphs: int = 20
     print(sb.graphs_done(load_s), flush=True)
 
 
+class Group:
+    """This rank's side of the serving group's rendezvous (see the module's docstring)."""
+
+    def __init__(self, rank, behaviour, env=os.environ):
+        self.rank, self.behaviour = rank, behaviour
+        self.timeout = float(env.get("SPECDEPLOY_SIM_GROUP_TIMEOUT", "600"))
+        self.joined: dict[int, str] = {}
+        self.cond = threading.Condition()
+        self.sock = None
+
+    def _lost(self, who: str, lines: list[str]) -> None:
+        for line in lines:
+            print(line, file=sys.stderr, flush=True)
+        os._exit(1)
+
+    def _watch(self, conn, who: str, lines) -> None:
+        try:
+            while conn.recv(64):
+                pass
+        except OSError:
+            pass
+        self._lost(who, lines)
+
+    def start(self) -> None:
+        """The leader opens the rendezvous port; another rank joins the leader (retrying until the timeout)."""
+        r = self.rank
+        if r.index == 0:
+            self.sock = socket.create_server(("", r.port), reuse_port=False, backlog=r.size)
+            threading.Thread(target=self._accept, daemon=True).start()
+            print(f"serving group: rank 0 of {r.size}, waiting for the other ranks on port {r.port}", flush=True)
+            return
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                conn = socket.create_connection((r.address, r.port), timeout=5)
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    self._lost(r.address, [f"RuntimeError: rank {r.index} could not reach the group's leader at "
+                                           f"{r.address}:{r.port} within {self.timeout:.0f} s: {exc}"])
+                time.sleep(0.5)
+        conn.settimeout(None)
+        conn.sendall(f"{r.index}\n".encode())
+        print(f"serving group: rank {r.index} of {r.size} joined the leader at {r.address}:{r.port}", flush=True)
+        threading.Thread(target=self._watch, args=(conn, r.address, [
+            f"RuntimeError: the group's leader at {r.address}:{r.port} went away; rank {r.index} stops"]),
+            daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            conn, peer = self.sock.accept()
+            try:
+                conn.settimeout(10)
+                index = int(conn.recv(16).decode().strip() or -1)
+                conn.settimeout(None)
+            except (OSError, ValueError):
+                conn.close()
+                continue
+            with self.cond:
+                self.joined[index] = peer[0]
+                self.cond.notify_all()
+            threading.Thread(target=self._watch, args=(conn, peer[0], self.behaviour.group_lost_lines(
+                self.rank, f"{peer[0]} (rank {index})")), daemon=True).start()
+
+    def wait_all(self) -> None:
+        """The leader, before it serves: every other rank has joined."""
+        if self.rank.index != 0:
+            return
+        want = set(range(1, self.rank.size))
+        with self.cond:
+            if not self.cond.wait_for(lambda: want <= set(self.joined), timeout=self.timeout):
+                missing = ", ".join(str(i) for i in sorted(want - set(self.joined)))
+                self._lost("", [f"RuntimeError: ranks {missing} of the serving group did not join within "
+                                f"{self.timeout:.0f} s"])
+        print(f"serving group: all {self.rank.size} ranks joined", flush=True)
+
+
 def run(engine: str, version: str, argv: list[str]) -> int:
     try:
         opts = parse_argv(engine, version, argv)
@@ -298,11 +383,21 @@ def run(engine: str, version: str, argv: list[str]) -> int:
             print(line, flush=True)
         sys.exit(0)
     signal.signal(signal.SIGTERM, on_term)
+    rank = sim.behaviour.rank(opts)
+    group = Group(rank, sim.behaviour) if rank is not None and rank.size > 1 else None
+    if group:
+        group.start()
     load_progress(engine, sim.load_s)
     if os.environ.get("SPECDEPLOY_SIM_CRASH") == "load":
         sys.stderr.write(sim.behaviour.crash_log(version, sim.served, sim.k, tp))
         sys.stderr.flush()
         return 1
+    if group:
+        group.wait_all()
+    if group and not rank.serves:  # a headless rank: no API server; it lives as long as the group does
+        print(f"serving group: rank {rank.index} serves the group's leader (no API server here)", flush=True)
+        while True:
+            time.sleep(3600)
     # Both engines open their HTTP port only once the model is loaded.
     server = ThreadingHTTPServer((host, port), make_handler(sim))
     threading.Thread(target=server.serve_forever, daemon=True).start()

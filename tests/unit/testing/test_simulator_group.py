@@ -1,0 +1,120 @@
+"""The simulator plays each rank of a serving group from the rank flags the adapters render: the leader serves
+only once every rank has joined, the other ranks serve no HTTP, and a rank that goes away takes the group down
+(the leader exits non-zero with the engine's error, the others exit when the leader goes)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import free_port, sim_argv, wait_http
+from specdeploy.engines import get_adapter
+from specdeploy.engines.base import SimRank
+from specdeploy.values.topology import Rank
+
+VERSIONS = {"vllm": "0.16.0", "sglang": "0.5.23"}
+
+
+def _ranks(layout: str, port: int) -> list[Rank]:
+    return [Rank(layout=layout, group="g", index=i, hosts=("h1", "h2"), leader_address="127.0.0.1",
+                 address="127.0.0.1", port=port, gpus=8, tp_per_dp=1) for i in range(2)]
+
+
+def _start(engine: str, rank: Rank, http_port: int, **env) -> subprocess.Popen:
+    adapter = get_adapter(engine, VERSIONS[engine])
+    flags, _ = adapter.layout_args(None, rank)
+    e = {**os.environ, "SPECDEPLOY_SIM_LOAD_SECONDS": "0.5", "SPECDEPLOY_SIM_STEP_MS": "2",
+         "SPECDEPLOY_SIM_GROUP_TIMEOUT": "30", **env}
+    return subprocess.Popen([sys.executable, "-m", "specdeploy.cli", "simulate", "--engine", engine, "--version",
+                             VERSIONS[engine], "--"] + sim_argv(engine, "127.0.0.1", http_port) + flags,
+                            env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _open(port: int) -> bool:
+    import socket
+    with socket.socket() as s:
+        s.settimeout(0.3)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _exit_within(p: subprocess.Popen, seconds: float) -> tuple[int, str]:
+    try:
+        p.wait(seconds)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail(f"the rank still runs {seconds} s later")
+    return p.returncode, p.stdout.read() + p.stderr.read()
+
+
+@pytest.mark.parametrize("engine,layout", [("vllm", "tp"), ("vllm", "dp_ep"), ("sglang", "tp"),
+                                           ("sglang", "dp_ep")])
+def test_the_leader_serves_once_the_group_joined_and_a_lost_follower_takes_it_down(engine, layout):
+    lead_rank, follow_rank = _ranks(layout, free_port())
+    adapter = get_adapter(engine, VERSIONS[engine])
+    assert adapter.simulation().rank(_parse(engine, lead_rank)) == SimRank(0, 2, "127.0.0.1", lead_rank.port, True)
+    lead_http, follow_http = free_port(), free_port()
+    leader = _start(engine, lead_rank, lead_http)
+    follower = None
+    try:
+        time.sleep(2.5)  # loaded, but alone: no API server yet
+        assert leader.poll() is None and not _open(lead_http)
+        follower = _start(engine, follow_rank, follow_http)
+        wait_http(f"http://127.0.0.1:{lead_http}/health", timeout=30)
+        time.sleep(1)
+        assert follower.poll() is None and not _open(follow_http)  # headless: the leader serves the group
+        follower.send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        rc, out = _exit_within(leader, 10)
+        assert rc != 0 and time.monotonic() - t0 < 10
+        assert "Connection closed by peer" in out and "rank 1" in out, out[-800:]
+    finally:
+        for p in (leader, follower):
+            if p is not None and p.poll() is None:
+                p.kill()
+
+
+def _parse(engine, rank):
+    from specdeploy.testing.simulator import parse_argv
+    flags, _ = get_adapter(engine, VERSIONS[engine]).layout_args(None, rank)
+    return parse_argv(engine, VERSIONS[engine], sim_argv(engine, "127.0.0.1", 1) + flags)
+
+
+def test_the_other_ranks_stop_when_the_leader_goes_and_wait_for_a_late_leader():
+    lead_rank, follow_rank = _ranks("tp", free_port())
+    follower = _start("vllm", follow_rank, free_port())  # first, as the deploy starts them
+    leader = None
+    try:
+        time.sleep(2)
+        assert follower.poll() is None  # still trying to reach the leader
+        lead_http = free_port()
+        leader = _start("vllm", lead_rank, lead_http)
+        wait_http(f"http://127.0.0.1:{lead_http}/health", timeout=30)
+        leader.send_signal(signal.SIGKILL)
+        rc, out = _exit_within(follower, 10)
+        assert rc != 0 and "leader at 127.0.0.1" in out and "went away" in out, out[-600:]
+    finally:
+        for p in (leader, follower):
+            if p is not None and p.poll() is None:
+                p.kill()
+
+
+def test_a_rank_that_never_joins_fails_the_leader_after_the_timeout():
+    lead_rank, _ = _ranks("tp", free_port())
+    leader = _start("vllm", lead_rank, free_port(), SPECDEPLOY_SIM_GROUP_TIMEOUT="2")
+    rc, out = _exit_within(leader, 20)
+    assert rc != 0 and "ranks 1 of the serving group did not join within 2 s" in out
+
+
+def test_follower_flags_parse_as_the_release_parses_them():
+    """Every rank flag the adapters render is a flag of the pinned release (the recorded facts), with the
+    values the simulator reads back as the same rank."""
+    for engine in VERSIONS:
+        for layout in ("tp", "dp_ep"):
+            lead, follow = _ranks(layout, 29777)
+            got = get_adapter(engine, VERSIONS[engine]).simulation().rank(_parse(engine, follow))
+            assert got == dataclasses.replace(got, index=1, size=2, address="127.0.0.1", port=29777, serves=False)
