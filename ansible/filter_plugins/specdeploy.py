@@ -49,6 +49,71 @@ def _rank(host, v, hv, hostvars, hosts):
         raise AnsibleFilterError("\n" + str(exc)) from None
 
 
+def _all_ranks(hostvars, hosts):
+    from specdeploy.values.errors import SpecdeployError
+    from specdeploy.topology import Member, resolve
+    members = []
+    for h in hosts:
+        v, hv = _validated(hostvars[h], h)
+        members.append(Member(h, str(v.get("ansible_host", h)), hv))
+    try:
+        return members, resolve(members)
+    except SpecdeployError as exc:
+        raise AnsibleFilterError("\n" + str(exc)) from None
+
+
+def specdeploy_group(hostvars, host, hosts):
+    """The host's serving group as the deploy moves it: its mates (rank order; the host alone when it serves
+    alone), its leader and the leader's address, whether it serves HTTP, and its start wave (0: ranks that join a
+    leader, 1: hosts that serve)."""
+    from specdeploy.topology import mates, start_order
+    _, ranks = _all_ranks(hostvars, list(hosts))
+    group = mates(host, ranks)
+    leader = group[0]
+    waves = start_order(group, ranks)
+    r = ranks.get(host)
+    lv, lhv = _validated(hostvars[leader], leader)
+    lhost = str(lv.get("ansible_host", leader))
+    lhost = f"[{lhost}]" if ":" in lhost and not lhost.startswith("[") else lhost
+    return {"name": r.group if r is not None else host, "mates": group, "leader": leader,
+            "leader_url": f"http://{lhost}:{lhv.specdeploy_port}",
+            "serves": r is None or r.leader, "multi_host": len(group) > 1,
+            "wave": next(i for i, w in enumerate(waves) if host in w)}
+
+
+def specdeploy_mates_without(mates, hostvars, fact):
+    """The mates whose boolean ``fact`` is not true (not set counts as not true)."""
+    return [m for m in mates if str(_plain(hostvars[m].get(fact, False))).lower() not in ("true", "1", "yes")]
+
+
+def specdeploy_group_root(mates, hostvars, host):
+    """A failed group's root cause from its ranks' triage (``inference_engine_triage`` on each): the first rank,
+    in rank order, whose journal names one, with that rank; else what ``host``'s own unit said last."""
+    from specdeploy.triage import group_root
+    got = group_root([(m, _plain(hostvars[m].get("inference_engine_triage")) or {}) for m in mates])
+    if got is not None:
+        m, t = got
+        where = f"rank {list(mates).index(m)} ({m}): " if len(mates) > 1 else ""
+        return f"{where}{t['root_cause']} ({t.get('fix') or 'no fix known'})"
+    tail = _plain(hostvars[host].get("inference_engine_tail")) or []
+    return "no known root cause; the unit says: " + " | ".join(str(x) for x in tail)
+
+
+def specdeploy_serial_problems(hostvars, hosts, serial, order):
+    """Lines for a specdeploy_serial that would cut a serving group between batches of ``order`` (the play's
+    hosts in order); empty when every batch holds whole groups."""
+    from specdeploy.topology import serial_problems
+    _, ranks = _all_ranks(hostvars, list(hosts))
+    return [str(f) for f in serial_problems(_plain(serial), list(order), ranks)]
+
+
+def specdeploy_batch_problems(hostvars, hosts, batch):
+    """Lines for a rolling batch that splits a serving group (empty when every group in it is whole)."""
+    from specdeploy.topology import batch_problems
+    _, ranks = _all_ranks(hostvars, list(hosts))
+    return [str(f) for f in batch_problems(list(batch), ranks)]
+
+
 def specdeploy_plan(variables, host, overrides=None, hostvars=None, hosts=None):
     """A host's plan: files (path -> content), argv, env, units, health paths, release id. ``overrides``
     (variables) are applied on top of the inventory, e.g. by the speculation gate. ``hostvars`` and ``hosts`` (the
@@ -92,12 +157,15 @@ def specdeploy_triage(text):
 
 
 def specdeploy_targets(hostvars, hosts):
-    """Scrape targets for the engine hosts, from their validated variables."""
+    """Scrape targets for the engine hosts, from their validated variables; the ranks of a serving group that
+    serve no HTTP (its headless ranks) have no engine or exporter target."""
+    members, ranks = _all_ranks(hostvars, list(hosts))
     out = []
-    for h in hosts:
-        v, hv = _validated(hostvars[h], h)
-        out.append({"host": h, "address": v.get("ansible_host", h), "engine": hv.specdeploy_engine,
-                    "engine_port": hv.specdeploy_port, "exporter_port": hv.specdeploy_exporter_port})
+    for m in members:
+        r = ranks.get(m.name)
+        out.append({"host": m.name, "address": m.address, "engine": m.hv.specdeploy_engine,
+                    "engine_port": m.hv.specdeploy_port, "exporter_port": m.hv.specdeploy_exporter_port,
+                    "serves": r is None or r.leader, "group": r.group if r is not None else ""})
     return out
 
 
@@ -321,8 +389,9 @@ def specdeploy_inputs_digest(hostvars, hosts, playbook_dir, inventory_sources=()
                          [str(s) for s in inventory_sources], extra, files, weights)
 
 
-def specdeploy_converged_args(variables, host, group_names, playbook_dir):
-    """Arguments of the host-side converged check and record (managed roots, weight links, health URLs)."""
+def specdeploy_converged_args(variables, host, group_names, playbook_dir, hostvars=None, hosts=None):
+    """Arguments of the host-side converged check and record (managed roots, weight links, health URLs);
+    ``hostvars`` and ``hosts`` (the engine group) tell a rank that serves no HTTP."""
     from pathlib import Path
 
     from specdeploy.hostscripts.converged import check_args, role_defaults
@@ -333,8 +402,14 @@ def specdeploy_converged_args(variables, host, group_names, playbook_dir):
         except AnsibleFilterError as exc:  # preflight reports it; the host takes the full path
             return ["--reason", f"variables do not validate: {str(exc).strip().splitlines()[0]}"]
         links = [p for p in (hv.specdeploy_model_path, hv.specdeploy_drafter_path) if p]
+        from specdeploy.plan.render.paths import unit_name
+        try:
+            rank = _rank(host, _ours(variables), hv, hostvars, hosts)
+        except AnsibleFilterError as exc:
+            return ["--reason", f"serving group does not resolve: {str(exc).strip().splitlines()[0]}"]
         engine = {"venv": hv.specdeploy_venv_path, "links": links, "exporter_port": hv.specdeploy_exporter_port,
-                  "router_port": hv.specdeploy_router_port}
+                  "router_port": hv.specdeploy_router_port, "serves": rank.leader,
+                  "unit": unit_name(hv.specdeploy_engine)}
     from specdeploy.values.hostpaths import expand
     defaults = role_defaults(str(Path(playbook_dir) / "roles"), resolve=expand)
     own = {k: _plain(variables[k]) for k in ("router_venv", "monitoring_prometheus_url", "inference_engine_state",

@@ -60,7 +60,7 @@ def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
                      ("drafter (converted)", p.drafter_path or "-"), ("NCCL", p.nccl_source),
                      ("NCCL env", " ".join(f"{k}={v}" for k, v in p.env.items() if k.startswith("NCCL_")) or "-"),
                      ("ports", ", ".join(f"{k} {v}" for k, v in p.ports.items())),
-                     ("units", f"{p.engine_unit}, {p.exporter_unit}")]:
+                     ("units", ", ".join(u for u in (p.engine_unit, p.exporter_unit) if u))]:
             t.add_row(k, v)
         out.print(t)
         out.print("[bold]command[/]: " + " ".join(p.argv), soft_wrap=True, markup=True, highlight=False)

@@ -74,11 +74,10 @@ class VLLMSim(SimBehaviour):
         return None
 
     def group_lost_lines(self, rank, peer):
-        ts = time.strftime("%m-%d %H:%M:%S")
         return [_record("EngineCore_DP0", 4000, "ERROR", "core.py:823",
                         f"EngineCore encountered a fatal error: the worker node at {peer} went away"),
                 _record("EngineCore_DP0", 4000, "ERROR", "core.py:825",
-                        "RuntimeError: Connection closed by peer [" + peer + "]") + f" ({ts})"]
+                        f"RuntimeError: Connection closed by peer [{peer}]")]
 
     def spec(self, version, opts, facts):
         """--speculative-config as vLLM's SpeculativeConfig validates it: known keys, a known method, k > 0."""

@@ -116,8 +116,11 @@ def check_args(variables: dict, groups: list[str], defaults: dict[str, str], eng
         args += ["--skip", venv, "--root", f"{venv}/.specdeploy-stamp", "--root", f"{venv}/bin/python"]
         for link in engine["links"]:
             args += ["--link", link]
-        args += ["--url", f"http://127.0.0.1:{engine['exporter_port']}/metrics", "--expect",
-                 "specdeploy_engine_up 1.0"]
+        if engine.get("serves", True):
+            args += ["--url", f"http://127.0.0.1:{engine['exporter_port']}/metrics", "--expect",
+                     "specdeploy_engine_up 1.0"]
+        else:  # a rank that joins a leader serves no HTTP: its unit runs, and the leader's health speaks for it
+            args += ["--unit", engine["unit"]]
     if "specdeploy_routers" in groups:
         rv = var("router_venv")
         args += ["--skip", rv, "--root", f"{rv}/bin/smg", "--root", f"{rv}/bin/python"]

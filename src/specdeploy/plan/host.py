@@ -30,7 +30,7 @@ class HostPlan:
     spec: bool
     nccl_source: str
     engine_unit: str
-    exporter_unit: str
+    exporter_unit: str | None  # None on a rank that serves no HTTP
     argv: list[str]
     env: dict[str, str]
     image: str | None
@@ -127,15 +127,17 @@ def render_host(host: str, hv: HostVars, address: str | None = None, rank: Rank 
                 "--info", f"spec_tokens={hv.specdeploy_spec_num_tokens if hv.specdeploy_spec_enabled else 0}",
                 "--info", f"drafter={converted_drafter_path(hv) or ''}",
                 "--info", f"patch_set={image_patch_label(hv)}"]
-    files["/etc/systemd/system/specdeploy-exporter.service"] = j.get_template("exporter.service.j2").render(
-        exec_argv=exp_argv, engine_unit=unit, user=SERVICE_USER, state_dir=STATE_DIR)
+    serves = rank is None or rank.leader
+    if serves:  # a rank that joins a leader serves no HTTP: the leader's exporter speaks for the group
+        files["/etc/systemd/system/specdeploy-exporter.service"] = j.get_template("exporter.service.j2").render(
+            exec_argv=exp_argv, engine_unit=unit, user=SERVICE_USER, state_dir=STATE_DIR)
     return HostPlan(
         host=host, engine=hv.specdeploy_engine, version=hv.specdeploy_engine_version,
         runtime=hv.specdeploy_runtime + ("+simulator" if hv.specdeploy_sandbox
                                          and hv.specdeploy_sandbox_engine == "simulator" else ""),
         tp=adapter.tp_of(hv, rank),
         spec=hv.specdeploy_spec_enabled, nccl_source=nccl_source, engine_unit=unit,
-        exporter_unit="specdeploy-exporter.service", argv=cmd.argv, env=env, image=image,
+        exporter_unit="specdeploy-exporter.service" if serves else None, argv=cmd.argv, env=env, image=image,
         drafter_path=converted_drafter_path(hv), files=files,
         ports={"engine": hv.specdeploy_port, "exporter": hv.specdeploy_exporter_port},
         health={"liveness": adapter.health.liveness, "readiness": adapter.health.readiness},

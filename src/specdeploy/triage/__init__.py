@@ -19,8 +19,8 @@ from collections import deque
 from specdeploy.triage.normalise import MAX_LINE, Record, normalise
 from specdeploy.triage.outcome import Triage, decide
 
-__all__ = ["Record", "Triage", "iter_log", "iter_logs", "normalise", "read_log", "triage_files", "triage_lines",
-           "window"]
+__all__ = ["Record", "Triage", "group_root", "iter_log", "iter_logs", "normalise", "read_log", "triage_files",
+           "triage_lines", "window"]
 
 HEAD_LINES, TAIL_LINES = 10_000, 60_000
 HEAD_BYTES, TAIL_BYTES = 1 << 20, 6 << 20
@@ -168,3 +168,16 @@ def triage_files(paths, kernel=None) -> Triage:
         mine, n = _file_window(p, n)
         items.extend(mine)
     return triage_lines(window(items) if len(paths) > 1 else items, kernel)
+
+
+def group_root(per_rank: list[tuple[str, dict]]) -> tuple[str, dict] | None:
+    """The rank of a failed serving group whose triage says why: ``per_rank`` is (host, Triage.to_dict()) in rank
+    order. A known signature first; then a root cause that is not merely another rank going away (every rank of
+    the group reports that once one dies); None when no rank's journal names a root cause."""
+    from specdeploy.triage.signatures import RENDEZVOUS
+    found = [(h, t) for h, t in per_rank if isinstance(t, dict) and t.get("root_cause")]
+    for pick in ([x for x in found if x[1].get("signature")],
+                 [x for x in found if not RENDEZVOUS.search(str(x[1]["root_cause"]))], found):
+        if pick:
+            return pick[0]
+    return None

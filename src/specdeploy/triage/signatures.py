@@ -83,6 +83,9 @@ OOM_PHASES = [
 # evidence in the root's own innermost frames: (name, frame pattern, exception types it applies to)
 FRAME_SIGNATURES = [("trust-remote-code", re.compile(r"\bresolve_trust_remote_code\b"),
                      re.compile(r"^(?:EOFError|ValueError)\b"))]
+# a rank that only saw another rank of its group go away (Gloo's and the engines' own words)
+RENDEZVOUS = re.compile(r"(?i)gloo|Connection closed by peer|TCPStore|timed out waiting .*ms for|"
+                        r"(?:leader|worker node|rank) (?:at \S+ )?went away|did not join within")
 # where to look next when no signature names the failure: (pattern on the root, advice)
 HINTS = [
     (re.compile(r"(?i)NCCL error|nccl(?:System|Internal|Unhandled\w*|InvalidUsage)Error|unhandled system error"),
@@ -100,7 +103,7 @@ HINTS = [
     (re.compile(r"(?i)undefined symbol|ImportError|ModuleNotFoundError|cannot open shared object"),
      ("A compiled extension does not match the installed torch/CUDA: reinstall the engine image or the wheel "
      "built for this torch version.")),
-    (re.compile(r"(?i)gloo|Connection closed by peer|TCPStore|timed out waiting .*ms for"),
+    (RENDEZVOUS,
      ("The distributed rendezvous broke: check that every rank/node can reach the others (dist-init address, "
      "firewall, GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME) and that no rank died first.")),
     (re.compile(r"(?i)No space left on device"),
