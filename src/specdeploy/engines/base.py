@@ -451,6 +451,14 @@ class SimBehaviour:
         """The serving-group rank the parsed options describe, or None for a host that serves alone."""
         return None
 
+    def pd_role(self, opts: dict) -> tuple[str, int] | None:
+        """(role, bootstrap port) of a prefill or decode instance, or None when the instance does both."""
+        return None
+
+    def info(self, path: str, sim) -> dict | None:
+        """The body of an engine-specific GET endpoint (server and model info), or None when it has none."""
+        return None
+
     def group_lost_lines(self, rank: SimRank, peer: str) -> list[str]:
         """What the leader prints when a rank of its group goes away (then it exits non-zero)."""
         return [f"ERROR rank of the serving group at {peer} closed its connection; the group cannot run without it"]

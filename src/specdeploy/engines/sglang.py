@@ -456,6 +456,24 @@ class SGLangSim(SimBehaviour):
         index = int(opts.get("node_rank") or 0)
         return SimRank(index, int(opts["nnodes"]), host.strip("[]"), int(port or 0), index == 0)
 
+    def pd_role(self, opts):
+        mode = opts.get("disaggregation_mode") or "null"
+        if mode not in ("prefill", "decode"):
+            return None
+        return mode, int(opts.get("disaggregation_bootstrap_port") or 8998)
+
+    def info(self, path, sim):
+        # what sglang-router (its PD mode) reads from each instance when it registers it
+        if path in ("/server_info", "/get_server_info"):
+            role = self.pd_role(sim.opts)
+            return {"model_path": sim.opts.get("model_path"), "served_model_name": sim.served,
+                    "tp_size": int(sim.opts.get("tp_size") or 1), "dp_size": 1,
+                    "disaggregation_mode": role[0] if role else "null", "version": sim.version}
+        if path in ("/model_info", "/get_model_info"):
+            return {"model_path": sim.opts.get("model_path"), "tokenizer_path": sim.opts.get("model_path"),
+                    "is_generation": True}
+        return None
+
     def group_lost_lines(self, rank, peer):
         return [f"[2026-01-01 00:00:00 TP0] Scheduler hit an exception: RuntimeError: Connection closed by peer "
                 f"[{peer}]", "[2026-01-01 00:00:00] Received sigquit from a child process. It usually means the "

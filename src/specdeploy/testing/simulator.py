@@ -14,6 +14,12 @@ not have. Behaviour knobs come from the environment (the engine unit's env file)
                                 health check fails and requests get 500, as when an engine core dies
   SPECDEPLOY_SIM_GROUP_TIMEOUT  seconds a rank of a serving group waits for the others (default 600)
 
+A prefill or decode instance (SGLang's --disaggregation-mode) plays the KV hand-over sglang-router's PD mode
+drives: the router sends each request to a prefill and a decode instance with the same bootstrap_room; the prefill
+instance computes the prompt and offers its KV on its bootstrap port; the decode instance takes it from there
+(bootstrap_host:bootstrap_port), then decodes. A decode instance without the room, or whose prefill never offers
+it, fails the request as the engine does.
+
 A rank of a serving group (the rank flags of the command line: vLLM --nnodes/--headless or the data-parallel
 flags, SGLang --nnodes/--node-rank/--dist-init-addr) plays its part of the group's rendezvous over TCP: the leader
 listens on the rendezvous port and finishes loading only once every other rank has joined; the others join it
@@ -130,6 +136,35 @@ class Sim:
         self.rng = random.Random(int(env.get("SPECDEPLOY_SIM_SEED", "0")) or None)
         self.registry = CollectorRegistry()
         self.m = self.behaviour.metrics(self.registry, self.served, self.k)
+        self.pd = self.behaviour.pd_role(opts)  # (role, bootstrap port) or None
+        self.rooms: dict[str, tuple[float, int]] = {}  # prefill: room -> (when, prompt tokens) offered
+        self.rooms_cv = threading.Condition()
+        self.pd_timeout = float(env.get("SPECDEPLOY_SIM_PD_TIMEOUT", "30"))
+
+    # --- prefill/decode hand-over -------------------------------------------------------------------------
+    def offer(self, room: str, tokens: int) -> None:
+        with self.rooms_cv:
+            now = time.monotonic()
+            for r in [r for r, (t, _) in self.rooms.items() if now - t > 120]:  # never taken: dropped
+                del self.rooms[r]
+            self.rooms[room] = (now, tokens)
+            self.rooms_cv.notify_all()
+
+    def take(self, room: str, timeout: float) -> int | None:
+        with self.rooms_cv:
+            if not self.rooms_cv.wait_for(lambda: room in self.rooms, timeout=timeout):
+                return None
+            return self.rooms.pop(room)[1]
+
+    def fetch_kv(self, host: str, port: int, room: str) -> int | None:
+        """Decode: the prompt's KV from the prefill instance's bootstrap port (its token count), None on failure."""
+        import urllib.request
+        h = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        try:
+            with urllib.request.urlopen(f"http://{h}:{port}/kv/{room}", timeout=self.pd_timeout + 5) as r:
+                return int(json.loads(r.read(4096))["tokens"])
+        except (OSError, ValueError, KeyError):
+            return None
 
     def _acceptance(self) -> None:
         """The acceptance probability of SPECDEPLOY_SIM_ACCEPTANCE_FILE while it holds a number in [0, 1]."""
@@ -143,7 +178,7 @@ class Sim:
             self.alpha = self.alpha0
 
     # --- generation ------------------------------------------------------------------------------------
-    def generate(self, prompt_tokens: int, max_tokens: int) -> tuple[list[str], float]:
+    def generate(self, prompt_tokens: int, max_tokens: int, prefill: bool = True) -> tuple[list[str], float]:
         with self.lock:
             self.running += 1
             self.m.running(self.running)
@@ -151,8 +186,9 @@ class Sim:
         out: list[str] = []
         ttft = None
         try:
-            time.sleep(self.step)  # prefill
-            self.m.prompt(prompt_tokens)
+            if prefill:  # a decode instance got the prompt's KV from its prefill instance
+                time.sleep(self.step)
+                self.m.prompt(prompt_tokens)
             while len(out) < max_tokens:
                 if self.k:
                     self._acceptance()
@@ -227,6 +263,9 @@ def make_handler(sim: Sim):
                 return self._send(200, {"object": "list", "data": [card]})
             if path == "/version":
                 return self._send(200, {"version": sim.version})
+            info = sim.behaviour.info(path, sim)
+            if info is not None:
+                return self._send(200, info)
             return self._send(404, {"detail": "Not Found"})
 
         def do_POST(self):
@@ -256,7 +295,26 @@ def make_handler(sim: Sim):
             else:
                 prompt = str(req.get("prompt", ""))
             ptoks = max(1, len(prompt.split()))
-            toks, _ = sim.generate(ptoks, int(req.get("max_tokens") or 64))
+            max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 64)
+            if sim.pd is not None:
+                room = req.get("bootstrap_room")
+                if room is None:
+                    return self._send(400, {"error": {"message": f"a {sim.pd[0]} instance serves requests that carry "
+                                                                 "bootstrap_room (sent by the router in PD mode)",
+                                                      "code": 400}})
+                if sim.pd[0] == "prefill":  # compute the prompt, offer its KV; the router discards this answer
+                    time.sleep(sim.step)
+                    sim.m.prompt(ptoks)
+                    sim.offer(str(room), ptoks)
+                    max_tokens = 1
+                else:
+                    got = sim.fetch_kv(str(req.get("bootstrap_host")), int(req.get("bootstrap_port") or 0), str(room))
+                    if got is None:
+                        return self._send(500, {"error": {"message": f"KV transfer for room {room} from "
+                                                                     f"{req.get('bootstrap_host')}:"
+                                                                     f"{req.get('bootstrap_port')} failed",
+                                                          "code": 500}})
+            toks, _ = sim.generate(ptoks, max_tokens, prefill=sim.pd is None)
             text = " ".join(toks)
             usage = {"prompt_tokens": ptoks, "completion_tokens": len(toks), "total_tokens": ptoks + len(toks)}
             rid = f"{sim.behaviour.id_prefix(path)}{random.getrandbits(64):016x}"
@@ -269,6 +327,26 @@ def make_handler(sim: Sim):
                         "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage}
             return self._send(200, body)
     return H
+
+
+def bootstrap_handler(sim: Sim):
+    """A prefill instance's bootstrap port: ``GET /kv/ROOM`` answers once that room's prompt is computed."""
+    class B(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            parts = self.path.split("?")[0].strip("/").split("/")
+            got = sim.take(parts[1], sim.pd_timeout) if len(parts) == 2 and parts[0] == "kv" else None
+            raw = json.dumps({"tokens": got} if got is not None else {"error": "no such room"}).encode()
+            self.send_response(200 if got is not None else 404)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+    return B
 
 
 def load_progress(engine: str, load_s: float, shards: int = 64, graphs: int = 20):
@@ -398,6 +476,9 @@ def run(engine: str, version: str, argv: list[str]) -> int:
         print(f"serving group: rank {rank.index} serves the group's leader (no API server here)", flush=True)
         while True:
             time.sleep(3600)
+    if sim.pd is not None and sim.pd[0] == "prefill":  # the bootstrap port the decode instances take KV from
+        boot = ThreadingHTTPServer(("", sim.pd[1]), bootstrap_handler(sim))
+        threading.Thread(target=boot.serve_forever, daemon=True).start()
     # Both engines open their HTTP port only once the model is loaded.
     server = ThreadingHTTPServer((host, port), make_handler(sim))
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -118,3 +118,69 @@ def test_follower_flags_parse_as_the_release_parses_them():
             lead, follow = _ranks(layout, 29777)
             got = get_adapter(engine, VERSIONS[engine]).simulation().rank(_parse(engine, follow))
             assert got == dataclasses.replace(got, index=1, size=2, address="127.0.0.1", port=29777, serves=False)
+
+
+def _post(url: str, body: dict, timeout: float = 30):
+    import json
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_prefill_and_decode_instances_hand_the_kv_over_by_room():
+    """The request shape sglang-router 0.3.2's PD mode sends (read off the real router): the same body to a
+    prefill and a decode instance, with bootstrap_host, bootstrap_port (the prefill's) and bootstrap_room."""
+    import json
+    import threading
+    import urllib.request
+    boot = free_port()
+    rank = lambda role: Rank(layout="pd", group="g", index=0, hosts=(role,), leader_address="127.0.0.1",  # noqa: E731
+                             address="127.0.0.1", port=29501, gpus=8, role=role, pd_port=boot, transfer="nixl")
+    pp, dp = free_port(), free_port()
+    pre, dec = _start("sglang", rank("prefill"), pp), _start("sglang", rank("decode"), dp)
+    try:
+        for port in (pp, dp):
+            wait_http(f"http://127.0.0.1:{port}/health", timeout=30)
+        info = json.load(urllib.request.urlopen(f"http://127.0.0.1:{pp}/server_info", timeout=5))
+        assert info["disaggregation_mode"] == "prefill"
+        body = {"model": "kimi", "messages": [{"role": "user", "content": "one two three four"}],
+                "max_completion_tokens": 5, "bootstrap_host": "127.0.0.1", "bootstrap_port": boot,
+                "bootstrap_room": 12345}
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("decode", _post(f"http://127.0.0.1:{dp}/v1/chat/"
+                                                                             "completions", body)))
+        t.start()  # the decode side waits for the room; the prefill side offers it
+        time.sleep(0.5)
+        assert _post(f"http://127.0.0.1:{pp}/v1/chat/completions", body)[0] == 200
+        t.join(30)
+        code, ans = got["decode"]
+        assert code == 200 and len(ans["choices"][0]["message"]["content"].split()) == 5
+        metrics = {p: urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=5).read().decode()
+                   for p in (pp, dp)}
+        assert "sglang:prompt_tokens_total" in metrics[pp]
+        # without the router's room the instance refuses; a room no prefill offers fails the transfer
+        assert _post(f"http://127.0.0.1:{dp}/v1/chat/completions", {**body, "bootstrap_room": None})[0] == 400
+    finally:
+        for p in (pre, dec):
+            p.kill()
+
+
+def test_a_decode_whose_prefill_never_offers_the_room_fails_the_request():
+    boot = free_port()
+    dp = free_port()
+    r = Rank(layout="pd", group="g", index=0, hosts=("d",), leader_address="127.0.0.1", address="127.0.0.1",
+             port=29501, gpus=8, role="decode", pd_port=boot, transfer="nixl")
+    dec = _start("sglang", r, dp, SPECDEPLOY_SIM_PD_TIMEOUT="1")
+    try:
+        wait_http(f"http://127.0.0.1:{dp}/health", timeout=30)
+        code, ans = _post(f"http://127.0.0.1:{dp}/v1/chat/completions", {
+            "model": "kimi", "messages": [{"role": "user", "content": "x"}], "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": boot, "bootstrap_room": 7})
+        assert code == 500 and "KV transfer for room 7" in ans["error"]["message"]
+    finally:
+        dec.kill()
