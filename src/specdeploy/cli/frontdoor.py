@@ -157,21 +157,24 @@ def _status_table(st: dict) -> Table:
     from rich.table import Table
     t = Table(title=f"fleet status ({time.strftime('%H:%M:%S', time.localtime(st['time']))}, prometheus: "
                     f"{st['prometheus'] or 'unreachable'})")
-    for c in ("host", "up", "engine", "release", "spec", "gate", "AL", "accept", "tok/s", "TTFT p50/p99",
-              "restarts"):
+    grouped = any(r.get("group") for r in st["hosts"])
+    for c in ("host",) + (("group",) if grouped else ()) + ("up", "engine", "release", "spec", "gate", "AL",
+                                                           "accept", "tok/s", "TTFT p50/p99", "restarts"):
         t.add_column(c)
 
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
     for r in st["hosts"]:
+        head = [escape(r["host"])] + ([escape(f"{r['group']} rank {r['rank']}" + (f" (via {r['via']})"
+                                                                                  if r.get("via") else ""))
+                                       if r.get("group") else "-"] if grouped else [])
         if not r["reachable"] or r.get("error"):  # a host that answered garbage is one bad row, with the reason
             state = "unreachable" if not r["reachable"] else "bad answer"
-            t.add_row(escape(r["host"]), f"[bold red]{state}[/]", escape(r.get("error", "")), "", "", "", "", "", "",
-                      "", "")
+            t.add_row(*head, f"[bold red]{state}[/]", escape(r.get("error", "")), "", "", "", "", "", "", "", "")
             continue
         up = "[green]up[/]" if r.get("up") else "[red]engine down[/]"
         ttft = "-" if r.get("ttft_p50") is None else f"{r['ttft_p50'] * 1000:.0f}/{r.get('ttft_p99', 0) * 1000:.0f} ms"
-        t.add_row(escape(r["host"]), up, escape(f"{r.get('engine') or '?'} {r.get('version') or ''}"),
+        t.add_row(*head, up, escape(f"{r.get('engine') or '?'} {r.get('version') or ''}"),
                   escape(r.get("release") or "-"),
                   r.get("speculation", "?") + (f" k={r['spec_tokens']}" if r.get("speculation") == "on" else ""),
                   r.get("gate") or "-", f(r.get("acceptance_length"), ".2f"), f(r.get("acceptance_rate"), ".0%"),

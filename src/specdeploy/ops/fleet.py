@@ -16,6 +16,9 @@ class Target:
     exporter_port: int
     unit: str
     ssh: list[str]
+    group: str | None = None   # its serving group, when it shares one model instance with other hosts
+    rank: int | None = None    # its rank there (0: the leader)
+    leader: str | None = None  # the host that serves HTTP for the group (a rank that joins it serves none)
 
 
 def targets(inventory: str, limit: str | None = None, extra: dict | None = None,
@@ -25,13 +28,19 @@ def targets(inventory: str, limit: str | None = None, extra: dict | None = None,
     from specdeploy.hostvars.inventory import load
     from specdeploy.hostvars.ssh import destination, ssh_options
     from specdeploy.plan.render.paths import unit_name
+    from specdeploy.topology import inventory_ranks
     inv = load(inventory, limit=limit, extra=extra, vault=vault)
+    ranks = inventory_ranks(inv)
     out = []
     for h in inv.engine_hosts:
         v = h.vars
         ssh = ssh_options(v, connect_timeout=3) + [destination(h.name, dict(v, ansible_host=h.address))]
+        r = ranks.get(h.name)
+        grouped = r is not None and r.multi_host
         out.append(Target(h.name, h.address, h.hv.specdeploy_engine, h.hv.specdeploy_port,
-                          h.hv.specdeploy_exporter_port, unit_name(h.hv.specdeploy_engine), ssh))
+                          h.hv.specdeploy_exporter_port, unit_name(h.hv.specdeploy_engine), ssh,
+                          r.group if grouped else None, r.index if grouped else None,
+                          r.hosts[0] if grouped else None))
     mon = [str(inv.all_vars.get(m, {}).get("ansible_host", m)) for m in inv.monitoring_hosts]
     return out, mon
 

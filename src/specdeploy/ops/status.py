@@ -78,18 +78,21 @@ def prom_query(base: str, q: str, timeout: float = 3.0) -> dict[str, float]:
 
 def fleet_status(hosts: list[Target], prometheus: list[str], timeout: float = 2.0) -> dict:
     """One row per host from its exporter, with serving figures from Prometheus. Every request runs at once with
-    its own ``timeout`` as a total deadline, so the whole call takes about ``timeout``, however peers behave."""
+    its own ``timeout`` as a total deadline, so the whole call takes about ``timeout``, however peers behave. A
+    rank that joins a serving group's leader has no exporter: its row is its group's, read from the leader's
+    (a group serves only while every rank runs, and the leader's engine goes down when one goes)."""
     from concurrent.futures import wait
-    jobs = len(hosts) + len(prometheus) * len(PROM_QUERIES)
+    scraped = [t for t in hosts if t.leader in (None, t.host)]
+    jobs = len(scraped) + len(prometheus) * len(PROM_QUERIES)
     ex = ThreadPoolExecutor(max_workers=max(1, min(64, jobs)))
     try:
-        rows_f = [ex.submit(scrape_exporter, t, timeout) for t in hosts]
+        rows_f = [ex.submit(scrape_exporter, t, timeout) for t in scraped]
         prom_f = {base: {k: ex.submit(prom_query, base, q, timeout) for k, q in PROM_QUERIES.items()}
                   for base in prometheus}
         # the deadline is inside each request; this bound only guards against a queue longer than the pool
         wait(rows_f + [f for fs in prom_f.values() for f in fs.values()], timeout=timeout * (1 + jobs // 64) + 2)
         rows = []
-        for t, f in zip(hosts, rows_f):
+        for t, f in zip(scraped, rows_f):
             if f.done() and not f.exception():
                 rows.append(f.result())
             else:
@@ -113,7 +116,25 @@ def fleet_status(hosts: list[Target], prometheus: list[str], timeout: float = 2.
         for k, by_host in figures.items():
             if row["host"] in by_host:
                 row[k] = by_host[row["host"]]
-    return {"time": time.time(), "prometheus": prom_used, "prometheus_errors": prom_errors, "hosts": rows}
+    by_host = {r["host"]: r for r in rows}
+    out = []
+    for t in hosts:
+        if t.leader in (None, t.host):
+            row = by_host[t.host]
+        else:
+            lead = by_host.get(t.leader)
+            if lead is None:  # its leader is outside --limit: nothing to read it from
+                row = {"host": t.host, "address": t.address, "reachable": False,
+                       "error": f"rank {t.rank} of serving group {t.group}: its leader {t.leader} is not in the "
+                                "selection (--limit); the group's state is on the leader's exporter"}
+            else:
+                row = {k: v for k, v in lead.items() if k in ("reachable", "up", "engine", "version", "release",
+                                                                 "speculation", "spec_tokens", "error")}
+                row.update(host=t.host, address=t.address, via=t.leader)
+        if t.group is not None:
+            row.update(group=t.group, rank=t.rank)
+        out.append(row)
+    return {"time": time.time(), "prometheus": prom_used, "prometheus_errors": prom_errors, "hosts": out}
 
 
 def prometheus_urls(monitoring: list[str], explicit: str | None) -> list[str]:

@@ -2,6 +2,7 @@
 per-host rows, `status` against live exporters, a real Prometheus and an unreachable host, `report` as a PNG."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -471,3 +472,47 @@ def test_a_vaulted_extra_vars_file_reaches_ansible_as_its_file_and_a_prompt_is_r
     r = CliRunner().invoke(app, ["deploy", "-i", str(example_inv), "--skip-preflight", "--vault-id", "prod@prompt"])
     assert r.exit_code == 2 and "--vault-id" in r.output and "password in a file" in r.output, r.output
     assert len(calls) == 1
+
+
+def test_status_reads_a_serving_group_from_its_leader_and_shows_each_rank(tmp_path):
+    """A rank that joins a leader has no exporter: its row is its group's, read from the leader's exporter (the
+    real exporter over the simulator), never a request to the follower; targets() gives the ranks from the
+    inventory."""
+    import yaml
+
+    from specdeploy.cli.frontdoor import _status_table
+    from specdeploy.ops.fleet import targets
+    inv = tmp_path / "hosts.yml"
+    base = {"specdeploy_engine": "vllm", "specdeploy_engine_version": "0.16.0", "specdeploy_hardware": "h200_nvl8",
+            "specdeploy_model_path": "/models/kimi", "specdeploy_served_model_name": "kimi"}
+    inv.write_text(yaml.safe_dump({"all": {"children": {"specdeploy_engines": {"vars": base, "children": {
+        "g": {"vars": {"specdeploy_topology": "tp", "specdeploy_group": "g"},
+              "hosts": {"lead": {"ansible_host": "127.0.0.1"}, "follow": {"ansible_host": "192.0.2.7"}}}}}}}},
+                                  sort_keys=False))
+    found, _ = targets(str(inv))
+    t = {x.host: x for x in found}
+    assert (t["lead"].group, t["lead"].rank, t["lead"].leader) == ("g", 0, "lead")
+    assert (t["follow"].rank, t["follow"].leader) == (1, "lead")
+    ep, xp = free_port(), free_port()
+    procs = [start_sim("vllm", "127.0.0.1", ep)]
+    try:
+        procs.append(start_exporter("vllm", f"http://127.0.0.1:{ep}", "127.0.0.1", xp))
+        wait_http(f"http://127.0.0.1:{xp}/metrics", timeout=30)
+        hosts = [dataclasses.replace(t["lead"], exporter_port=xp), t["follow"]]
+        t0 = time.monotonic()
+        st = fleet_status(hosts, [], timeout=2.0)
+        assert time.monotonic() - t0 < 4  # 192.0.2.7 (unreachable) was never asked
+        rows = {r["host"]: r for r in st["hosts"]}
+        assert rows["lead"]["up"] and rows["follow"]["up"] and rows["follow"]["via"] == "lead"
+        assert (rows["follow"]["group"], rows["follow"]["rank"]) == ("g", 1)
+        assert rows["follow"]["engine"] == "vllm"
+        from rich.console import Console
+        console = Console(width=200, record=True)
+        console.print(_status_table(st))
+        text = console.export_text()
+        assert "g rank 1 (via lead)" in text and "g rank 0" in text
+        # the leader outside the selection: the follower's row says where its state is
+        alone = fleet_status([t["follow"]], [], timeout=1.0)["hosts"][0]
+        assert not alone["reachable"] and "leader lead is not in the selection" in alone["error"]
+    finally:
+        stop(*procs)
