@@ -78,7 +78,25 @@ def specdeploy_group(hostvars, host, hosts):
     return {"name": r.group if r is not None else host, "mates": group, "leader": leader,
             "leader_url": f"http://{lhost}:{lhv.specdeploy_port}",
             "serves": r is None or r.leader, "multi_host": len(group) > 1,
+            # the router in PD mode registers its prefill and decode instances itself, from its command line
+            "routed_by_api": r is None or r.layout != "pd",
             "wave": next(i for i, w in enumerate(waves) if host in w)}
+
+
+def specdeploy_release_group(release_plan, hostvars):
+    """A stored release's serving group as a rollback restarts it (the group of that release, which may not be
+    the inventory's now): whether the host served HTTP there, and its leader's URL when it did not."""
+    p = _plain(release_plan) or {}
+    rank = p.get("rank") or {}
+    hosts = list(rank.get("hosts") or [])
+    multi = len(hosts) > 1 and rank.get("layout") in ("tp", "dp_ep")
+    leader = rank.get("leader") or (hosts[0] if hosts else None)
+    url = ""
+    if multi and leader in hostvars:
+        addr = str(_plain(hostvars[leader].get("ansible_host", leader)))
+        addr = f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+        url = f"http://{addr}:{int((p.get('ports') or {}).get('engine') or 8000)}"
+    return {"serves": bool(p.get("serves", True)) or not multi, "multi_host": multi, "leader_url": url}
 
 
 def specdeploy_mates_without(mates, hostvars, fact):
@@ -290,13 +308,15 @@ def specdeploy_gate_vars_file(inventory_dir, host):
     return gate_vars_file(str(inventory_dir), str(host))
 
 
-def specdeploy_probe_job(variables, host, probe_dir, overrides=None):
+def specdeploy_probe_job(variables, host, probe_dir, overrides=None, hostvars=None, hosts=None):
     """The engine probe the deploy runs before the engine restarts onto this host's new release: the script, its
-    job (the release's own command line) and how to run it in the release's image or venv (checks/probe.py)."""
+    job (the release's own command line, this rank's in a serving group) and how to run it in the release's image
+    or venv (checks/probe.py)."""
     from ansible.utils.unsafe_proxy import wrap_var
     from specdeploy.checks.probe import host_job
     v, hv = _validated(variables, host, overrides)
-    job = host_job(hv, str(probe_dir), str(host), v.get("ansible_host", host))
+    job = host_job(hv, str(probe_dir), str(host), v.get("ansible_host", host),
+                   _rank(host, v, hv, hostvars, hosts))
     # the script and the job are data for the host, never templates (Python may hold '{{' or '{%')
     return {**job, "script": wrap_var(job["script"]), "job": wrap_var(job["job"])}
 

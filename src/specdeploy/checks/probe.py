@@ -304,7 +304,7 @@ def preflight_findings(hv, tdir: Path | None, ddir: Path | None, rep: Report, ho
 
 
 # --- on a host, before the engine restarts (the inference_engine role) --------------------------------------
-def host_job(hv, probe_dir: str, host: str = "host", address: str | None = None) -> dict:
+def host_job(hv, probe_dir: str, host: str = "host", address: str | None = None, rank=None) -> dict:
     """What the deploy runs on a host before it restarts the engine onto a new release: the adapter's probe script
     and a job for the release's own command line, run in the release's engine image (or venv) with ``probe_dir``
     mounted (it holds the two files). ``enabled`` False, with ``why``, where there is nothing to probe or no
@@ -320,7 +320,7 @@ def host_job(hv, probe_dir: str, host: str = "host", address: str | None = None)
     script = a.probe_script()
     if script is None:
         return {**off, "why": a.probe_unavailable()}
-    plan = render_host(host, hv, address or host)
+    plan = render_host(host, hv, address or host, rank)
     case = a.probe_case(list(plan.argv))
     if case is None:
         return {**off, "why": f"the {a.label} command line of this release names no drafter the probe reads"}

@@ -106,7 +106,8 @@ def test_016_reports_the_seeds_whitelist_and_supports_eagle3_for_kimi(tmp_path):
     assert "kimi_k2" in errs["eagle3 target whitelist"].message
     assert "DeepseekV3ForCausalLM does not implement SupportsEagle3" in errs["SupportsEagle3"].message
     assert set(errs) == {"eagle3 target whitelist", "SupportsEagle3"}  # the drafter itself loads
-    assert took < 30, took
+    # a bound against a hang, not a benchmark: 10-30 s alone on two cores, over a minute beside the sandbox tests
+    assert took < 180, took
 
 
 @realengine
