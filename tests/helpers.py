@@ -112,3 +112,39 @@ def stop(*procs):
                 p.wait(5)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+class UnderLoad:
+    """Requests sent by ``threads`` clients while the block runs (``send()`` raises on a failed request), bounded
+    in time and count; ``stats`` holds ok, failed and the first errors."""
+
+    def __init__(self, send, threads: int = 3, max_s: float = 900, max_requests: int = 20000, pause: float = 0.05):
+        import threading
+        self.send, self.max_s, self.max_requests, self.pause = send, max_s, max_requests, pause
+        self.stats = {"ok": 0, "failed": 0, "errors": []}
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run) for _ in range(threads)]
+
+    def _run(self):
+        t0 = time.time()
+        while not self.stop.is_set() and time.time() - t0 < self.max_s:
+            if self.stats["ok"] + self.stats["failed"] >= self.max_requests:
+                break
+            try:
+                self.send()
+                self.stats["ok"] += 1
+            except Exception as exc:  # noqa: BLE001 - every failure counts, whatever it is
+                self.stats["failed"] += 1
+                self.stats["errors"].append(repr(exc)[:200])
+            time.sleep(self.pause)
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self.stats
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        return False

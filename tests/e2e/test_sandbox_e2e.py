@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, UnderLoad
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
@@ -170,31 +170,8 @@ def test_check_diff_shows_a_changed_variable_and_changes_nothing(inv):
 
 
 def test_rolling_deploy_under_load_loses_no_request(inv):
-    stop = threading.Event()
-    stats = {"ok": 0, "failed": 0, "errors": []}
-
-    def load():
-        t0 = time.time()
-        while not stop.is_set() and time.time() - t0 < 900:  # bounded in time and count
-            if stats["ok"] + stats["failed"] >= 20000:
-                break
-            try:
-                chat(ROUTER, timeout=60)
-                stats["ok"] += 1
-            except Exception as exc:  # noqa: BLE001
-                stats["failed"] += 1
-                stats["errors"].append(repr(exc)[:200])
-            time.sleep(0.05)
-
-    threads = [threading.Thread(target=load) for _ in range(3)]
-    for t in threads:
-        t.start()
-    try:
+    with UnderLoad(lambda: chat(ROUTER, timeout=60)) as stats:
         rc, out, recap = play(inv, "specdeploy_serial=1", "specdeploy_spec_num_tokens=4")
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
     assert rc == 0, out[-3000:]
     assert "Take the replica out of the router" in out and "Put the replica back into the router" in out
     assert stats["ok"] > 50 and stats["failed"] == 0, stats

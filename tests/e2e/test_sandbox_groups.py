@@ -21,6 +21,7 @@ import urllib.request
 
 import pytest
 
+from helpers import UnderLoad
 from test_sandbox_e2e import chat, play, ssh
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(
@@ -126,29 +127,8 @@ def test_a_batch_that_would_split_a_group_is_refused_before_anything_changes(inv
 
 
 def test_rolling_deploy_group_by_group_under_load_fails_no_request(inv):
-    stop = threading.Event()
-    stats = {"ok": 0, "failed": 0, "errors": []}
-
-    def load():
-        t0 = time.time()
-        while not stop.is_set() and time.time() - t0 < 900 and stats["ok"] + stats["failed"] < 20000:
-            try:
-                chat(ROUTER, timeout=60)
-                stats["ok"] += 1
-            except Exception as exc:  # noqa: BLE001
-                stats["failed"] += 1
-                stats["errors"].append(repr(exc)[:200])
-            time.sleep(0.05)
-
-    threads = [threading.Thread(target=load) for _ in range(3)]
-    for t in threads:
-        t.start()
-    try:
+    with UnderLoad(lambda: chat(ROUTER, timeout=60)) as stats:
         rc, out, _ = play(inv, "specdeploy_topology=dp_ep", "specdeploy_serial=2", "specdeploy_spec_num_tokens=4")
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
     assert rc == 0, out[-4000:]
     # one batch per group, and only the leaders go out of and back into the router
     assert out.count("Take the replica out of the router") >= 2, out[-3000:]

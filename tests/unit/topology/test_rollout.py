@@ -2,19 +2,17 @@
 Ansible filters the deploy uses for them (the follower serves no HTTP: no exporter, no scrape target)."""
 from __future__ import annotations
 
-import importlib.util
 import random
 
 import pytest
 import yaml
 
-from helpers import REPO
 from specdeploy.hostvars import inventory as inv_mod
 from specdeploy.plan import plan
 from specdeploy.plan.render.prometheus import render_prometheus
 from specdeploy.topology import batch_problems, inventory_ranks, mates, serial_problems, start_order
 
-from test_groups import write_inventory  # noqa: E402  (same directory)
+from test_groups import _filters, write_inventory  # noqa: E402  (same directory)
 
 TP = {"specdeploy_topology": "tp", "specdeploy_dist_interface": "ib0"}
 
@@ -29,13 +27,6 @@ def _inv(tmp_path, layout="tp", n_groups=2, size=2, singles=1):
 
 def _ranks(path):
     return inventory_ranks(inv_mod.load(str(path)))
-
-
-def _filters():
-    spec = importlib.util.spec_from_file_location("sd_filters_rollout", REPO / "ansible/filter_plugins/specdeploy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_mates_and_start_waves(tmp_path):
