@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         if bad:  # a unit the deploy keeps running is down: record nothing, so the next run is a full one
             print(json.dumps({"recorded": False, "reasons": [f"unit {u} is not active" for u in bad]}))
             return 0
-        tmp = a.state + ".tmp"
+        tmp = f"{a.state}.{os.getpid()}.tmp"  # one per writer: two records on one host must not race on one name
         with open(tmp, "w") as f:
             json.dump({"digest": a.digest, **snap}, f, sort_keys=True)
         os.replace(tmp, a.state)
