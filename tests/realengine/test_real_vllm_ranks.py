@@ -32,7 +32,6 @@ import yaml
 from specdeploy.engines import get_adapter
 from specdeploy.plan import plan
 from specdeploy.testing import realengine
-from specdeploy.values.errors import SpecdeployError
 from specdeploy.values.topology import Rank
 
 pytestmark = pytest.mark.realengine
@@ -228,10 +227,7 @@ def run_probe(version: str, venv, cases: list[dict], tmp) -> dict:
 def engine(request, model, tmp_path_factory):
     """For one release: the rendered command lines, and what that release's `vllm serve` made of each."""
     version = request.param
-    try:
-        venv = realengine.venv(version)
-    except SpecdeployError as exc:
-        pytest.skip(f"the vLLM {version} CPU venv could not be built: {exc}")
+    venv = realengine.venv(version)  # built here (CI builds it too): a machine that cannot fails, with the reason
     tmp = tmp_path_factory.mktemp(f"ranks-{version}")
     lines = rendered(version, model, tmp)
     follower_tp, env_tp = lines["tp", "h2"]
