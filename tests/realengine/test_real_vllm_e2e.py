@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specdeploy.speculation.exporter import SpecCollector, parse_engine_metrics
 from specdeploy.speculation.gate import gate, verdict_overrides
 from specdeploy.plan import render_host
-from specdeploy.testing import realrun, tinymodels
+from specdeploy.testing import realengine, realrun, tinymodels
 
 pytestmark = pytest.mark.realengine
 
@@ -263,4 +263,10 @@ def test_kimi_k2_mla_moe_target_serves_with_eagle3(logs):
         assert eng.stop() == 0
     assert json.loads((target / "config.json").read_text())["model_type"] == "kimi_k2"
     assert "Resolved architecture: LlamaForCausalLMEagle3" in log
+    # With AMX the target's layers run the engine's AMX MLA kernel; without it the CPU build cannot pair its MLA
+    # kernel's 16-token KV blocks with the drafter's (multiples of 32), and the target runs with MLA turned off.
+    if realengine.amx("0.32.0"):
+        assert "Using AMX_MLA backend" in log and "VLLM_MLA_DISABLE" not in eng.env
+    else:
+        assert eng.env.get("VLLM_MLA_DISABLE") == "1" and "_MLA backend" not in log
     assert t["drafts"] > 0 and t["accepted"] / t["drafts"] > 0.5

@@ -282,6 +282,8 @@ class EngineAdapter:
     # --- the engine probe (checks/probe.py) -------------------------------------------------
     # CPU builds on the package index that run without a GPU (version -> recipe; testing/realengine.py)
     cpu_builds: dict[str, dict] = {}
+    # per CPU-build release: the environment an MLA target with a drafter needs on an x86 CPU without AMX
+    cpu_mla_drafter_env: dict[str, dict[str, str]] = {}
     probe_env: dict[str, str] = {}  # environment the probe script needs in the engine's Python
 
     def probe_script(self) -> str | None:

@@ -37,6 +37,7 @@ from specdeploy.engines.vllm_tables import (  # noqa: F401 (re-exported: the ada
     KIMI_EAGLE3_PATCHES,
     IMAGE_CUDA,
     CPU_BUILDS,
+    CPU_MLA_DRAFTER_ENV,
 )
 
 
@@ -44,6 +45,7 @@ class VLLM(EngineAdapter):
     name = "vllm"
     label = "vLLM"
     cpu_builds = CPU_BUILDS
+    cpu_mla_drafter_env = CPU_MLA_DRAFTER_ENV
     triage_signatures = vllm_logs.signatures(CAPABILITIES["kimi_eagle3_upstream"].since)
     load_log = vllm_logs.LOAD_LOG
     upstream_image = "vllm/vllm-openai"

@@ -208,6 +208,14 @@ CPU_BUILDS = {
                "metadata": True, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
 }
 
+# What a CPU build needs, on an x86 CPU without AMX, to serve an MLA target with a drafter. There the target's
+# MLA layers get the reference CPU_MLA kernel, which takes KV blocks of exactly 16 tokens
+# (``CpuPlatform.check_and_update_config`` forces block_size=16), while the drafter's attention (CPU_ATTN) takes
+# only multiples of 32; both share one KV-cache group, so the engine stops at KV-cache setup with "No common block
+# size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])" (``v1/worker/utils.py`` of 0.32.0). With AMX the target
+# gets AMX_MLA, which has no such limit. ``VLLM_MLA_DISABLE=1`` makes the target's layers plain attention.
+CPU_MLA_DRAFTER_ENV = {"0.32.0": {"VLLM_MLA_DISABLE": "1"}}
+
 # CUDA of the official image per release (``ARG CUDA_VERSION=`` in the sdist's docker/Dockerfile).
 IMAGE_CUDA = {"0.16.0": "12.9.1", "0.18.0": "12.9.1", "0.19.0": "12.9.1", "0.20.0": "13.0.2", "0.21.0": "13.0.2",
               "0.24.0": "13.0.2", "0.28.0": "13.0.3", "0.33.0": "13.0.3"}

@@ -141,9 +141,34 @@ def venv(version: str, progress=None) -> Path:
     return v
 
 
-def env(version: str) -> dict:
-    """The environment the engine needs on this CPU."""
-    return dict(_recipe(version).env)
+_AMX: dict[str, bool] = {}
+
+
+def amx(version: str) -> bool:
+    """Whether the engine's own torch finds AMX tiles on this CPU (the condition its CPU platform picks the AMX
+    kernels by), asked once per process of the release's venv."""
+    if version not in _AMX:
+        out = _run([str(venv(version) / "bin" / "python"), "-c",
+                    "import torch; print(int(bool(torch.cpu._is_amx_tile_supported())))"], None,
+                   f"vLLM {version}: asking torch for AMX")
+        _AMX[version] = out.strip().endswith("1")
+    return _AMX[version]
+
+
+def uses_mla(model: Path) -> bool:
+    """Whether a (tiny) checkpoint's text model has MLA attention (a ``kv_lora_rank``)."""
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    return (cfg.get("text_config") or cfg).get("kv_lora_rank") is not None
+
+
+def env(version: str, mla_drafter: bool = False) -> dict:
+    """The environment the engine needs on this CPU; ``mla_drafter``: for an MLA target with a drafter, which
+    an x86 CPU without AMX cannot run as MLA (the adapter's ``cpu_mla_drafter_env`` says why)."""
+    e = dict(_recipe(version).env)
+    extra = get(ENGINE).cpu_mla_drafter_env.get(version)
+    if mla_drafter and extra and not amx(version):
+        e.update(extra)
+    return e
 
 
 def main(argv=None):

@@ -72,7 +72,7 @@ def host_vars(target: Path, drafter: Path | None = None, k: int = 1, port: int |
         "specdeploy_served_model_name": served, "specdeploy_bind_address": "127.0.0.1",
         "specdeploy_port": port or free_port(), "specdeploy_max_model_len": 512,
         "specdeploy_engine_extra_args": ["--max-num-seqs", "4", "--enforce-eager"],
-        "specdeploy_engine_env": realengine.env(version),
+        "specdeploy_engine_env": realengine.env(version, drafter is not None and realengine.uses_mla(target)),
     }
     if drafter is not None:
         v.update(specdeploy_spec_enabled=True, specdeploy_spec_method="eagle3", specdeploy_drafter_path=str(drafter),

@@ -536,17 +536,18 @@ def real_engine_vars(version: str, target: str = "deepseek_v3") -> dict:
     """The variables of a sandbox host that serves a tiny real ``target`` with the real vLLM ``version``: the
     CPU build's needs (its KV-cache size, eager mode, a short context, one rank) through the ordinary variables."""
     from specdeploy.testing import realengine, tinymodels
+    model = tinymodels.target(target)
     return {
         "specdeploy_runtime": "venv", "specdeploy_sandbox_engine": "real", "specdeploy_engine": realengine.ENGINE,
         "specdeploy_engine_version": version, "specdeploy_engine_venv_path": str(realengine.venv(version)),
         "specdeploy_hardware": "h200_nvl8", "specdeploy_tensor_parallel_size": 1,
         "specdeploy_model_path": f"/models/tiny-{target}",
-        "specdeploy_model_controller_path": str(tinymodels.target(target)),
+        "specdeploy_model_controller_path": str(model),
         "specdeploy_drafter_path": f"/models/tiny-{target}-eagle3",
         "specdeploy_drafter_controller_path": str(tinymodels.drafter(target, "good")),
         "specdeploy_served_model_name": f"tiny-{target}", "specdeploy_spec_num_tokens": 1,
         "specdeploy_max_model_len": 512, "specdeploy_engine_extra_args": ["--max-num-seqs", "4", "--enforce-eager"],
-        "specdeploy_engine_env": realengine.env(version), "specdeploy_router": "none",
+        "specdeploy_engine_env": realengine.env(version, realengine.uses_mla(model)), "specdeploy_router": "none",
     }
 
 
