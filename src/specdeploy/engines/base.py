@@ -461,8 +461,19 @@ class SimBehaviour:
         """The body of an engine-specific GET endpoint (server and model info), or None when it has none."""
         return None
 
+    # When a rank goes away while the group serves: "now" (the leader exits at once, non-zero) or "next-step" (the
+    # leader goes on answering its health check; its next generation fails with 500, then it exits with
+    # ``lost_exit_code``). Before the group serves, a lost rank ends the leader at once either way.
+    lost_rank_noticed = "now"
+    lost_exit_code = 1
+
+    def engine_dead_lines(self) -> list[str]:
+        """What the API server prints as it shuts down after its engine died (no signal asked it to)."""
+        return ["INFO:     Shutting down", "INFO:     Waiting for application shutdown.",
+                "INFO:     Application shutdown complete."]
+
     def group_lost_lines(self, rank: SimRank, peer: str) -> list[str]:
-        """What the leader prints when a rank of its group goes away (then it exits non-zero)."""
+        """What the leader prints when a rank of its group goes away (then it exits)."""
         return [f"ERROR rank of the serving group at {peer} closed its connection; the group cannot run without it"]
 
     def spec(self, version: str, opts: dict, facts: dict | None) -> dict | None:

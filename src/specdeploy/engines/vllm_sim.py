@@ -73,11 +73,25 @@ class VLLMSim(SimBehaviour):
                            not opts.get("headless"))
         return None
 
+    # Read on the real 0.32.0 CPU build (tests/realengine/test_real_vllm_group.py): the leader's executor watches only
+    # its local workers, so a follower that dies while the group serves goes unnoticed until the next step's
+    # collective fails; that request gets 500, the engine core dies (EngineDeadError) and the API server shuts down
+    # with exit status 0.
+    lost_rank_noticed = "next-step"
+    lost_exit_code = 0
+
     def group_lost_lines(self, rank, peer):
-        return [_record("EngineCore_DP0", 4000, "ERROR", "core.py:823",
-                        f"EngineCore encountered a fatal error: the worker node at {peer} went away"),
-                _record("EngineCore_DP0", 4000, "ERROR", "core.py:825",
-                        f"RuntimeError: Connection closed by peer [{peer}]")]
+        gloo = (f"RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+                f"peer [{peer}]:{rank.port}. This is typically caused by a remote worker crashing.")
+        return [_record("Worker_TP0", 4100, "ERROR", "multiproc_executor.py:1063", "WorkerProc hit an exception."),
+                _record("Worker_TP0", 4100, "ERROR", "multiproc_executor.py:1063", gloo),
+                _record("EngineCore", 4000, "ERROR", "core.py:1512", "EngineCore encountered a fatal error."),
+                _record("EngineCore", 4000, "ERROR", "core.py:1512", f"RuntimeError: Worker failed with error "
+                        f"'{gloo.removeprefix('RuntimeError: ')}', please check the stack trace above for the root "
+                        "cause"),
+                _record("APIServer", 3900, "ERROR", "async_llm.py:906", "AsyncLLM output_handler failed."),
+                _record("APIServer", 3900, "ERROR", "async_llm.py:906", "vllm.v1.engine.exceptions.EngineDeadError: "
+                        "EngineCore encountered an issue. See stack trace (above) for the root cause.")]
 
     def spec(self, version, opts, facts):
         """--speculative-config as vLLM's SpeculativeConfig validates it: known keys, a known method, k > 0."""

@@ -33,6 +33,7 @@ from specdeploy.checks.readiness import Outcome, wait
 from specdeploy.plan.render.runtime import exec_argv
 from specdeploy.hostvars.schema import HostVars, validate_host
 from specdeploy.testing import realengine
+from specdeploy.values.topology import Rank
 
 HOST = "realhost"
 PROMPT = [{"role": "user", "content": "Reply with one short sentence: what is speculative decoding?"}]
@@ -81,10 +82,27 @@ def host_vars(target: Path, drafter: Path | None = None, k: int = 1, port: int |
     return validate_host(HOST, v)
 
 
-def command(hv: HostVars) -> tuple[list[str], dict[str, str], object]:
+def group(target: Path, drafter: Path | None = None, layout: str = "tp", size: int = 2, k: int = 1,
+          version: str = "0.32.0", extra: dict | None = None) -> dict[str, tuple[HostVars, Rank]]:
+    """A serving group of ``size`` hosts on this machine's loopback, as an inventory would give it: each host one
+    CPU "GPU" (a ``custom`` hardware profile of one device), ``specdeploy_topology: layout``, one rendezvous port;
+    host name -> (its variables, its rank from ``topology.resolve``), the leader first. Every rank shares the
+    leader's API port in its variables (a group agrees on it); only the leader serves it."""
+    from specdeploy.topology.groups import Member, resolve
+    one = {"gpu_count": 1, "gpu_memory_gib": 16, "compute_capability": "9.0", "interconnect": "pcie", "rdma": True}
+    hv = host_vars(target, drafter, k=k, version=version, extra={
+        "specdeploy_topology": layout, "specdeploy_group": "loopback", "specdeploy_hardware": "custom",
+        "specdeploy_hardware_custom": one, "specdeploy_tensor_parallel_size": None,
+        "specdeploy_dist_port": free_port(), **(extra or {})})
+    names = [f"{HOST}{i}" for i in range(size)]
+    ranks = resolve([Member(n, "127.0.0.1", hv) for n in names])
+    return {n: (hv, ranks[n]) for n in names}
+
+
+def command(hv: HostVars, rank: Rank | None = None, host: str = HOST) -> tuple[list[str], dict[str, str], object]:
     """(argv the unit's ExecStart runs, its environment, the plan), with the converted drafter's host path
-    relocated to the drafter given in ``hv``."""
-    plan = render_host(HOST, hv, "127.0.0.1")
+    relocated to the drafter given in ``hv``; ``rank``: the host's place in its serving group."""
+    plan = render_host(host, hv, "127.0.0.1", rank)
     argv = exec_argv(hv, plan.argv, plan.image)
     if plan.drafter_path:
         argv = [a.replace(plan.drafter_path, hv.specdeploy_drafter_path) for a in argv]
@@ -252,15 +270,17 @@ class Engine:
             self._out = None
 
 
-def launch(hv: HostVars, logdir: Path) -> Engine:
-    """Start the engine of ``hv`` (not waiting for it)."""
-    argv, env, plan = command(hv)
+def launch(hv: HostVars, logdir: Path, rank: Rank | None = None, host: str = HOST, start: bool = True) -> Engine:
+    """Start the engine of ``hv`` (not waiting for it; ``start=False``: only make it); ``rank``: its place in a
+    serving group (a rank that joins a leader serves no HTTP: its ``url`` is the leader's)."""
+    argv, env, plan = command(hv, rank, host)
     base = {"PATH": f"{hv.specdeploy_venv_path}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": str(logdir / "home"),
             "LANG": "C.UTF-8",
             "HF_HUB_OFFLINE": "1"}  # local checkpoints only: nothing is looked up on the Hub
     (logdir / "home").mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{hv.specdeploy_port}"
-    return Engine(argv, {**base, **env}, url, plan.served_model_name, logdir, plan.engine_unit).start()
+    eng = Engine(argv, {**base, **env}, url, plan.served_model_name, logdir, plan.engine_unit)
+    return eng.start() if start else eng
 
 
 def serve(hv: HostVars, logdir: Path, timeout: float = 240) -> Engine:

@@ -23,8 +23,10 @@ it, fails the request as the engine does.
 A rank of a serving group (the rank flags of the command line: vLLM --nnodes/--headless or the data-parallel
 flags, SGLang --nnodes/--node-rank/--dist-init-addr) plays its part of the group's rendezvous over TCP: the leader
 listens on the rendezvous port and finishes loading only once every other rank has joined; the others join it
-with retries and serve no HTTP. When any rank goes away the leader prints the engine's error and exits non-zero,
-and the others exit when the leader goes, as the engines' process groups do.
+with retries and serve no HTTP. When a rank goes away while the group loads, the leader prints the engine's
+error and exits non-zero; while it serves, the engine's adapter says when the leader notices (vLLM, as its real
+CPU build does: at the next step, whose request fails with 500, then the leader exits 0). The others exit when
+the leader goes.
 
 Where specdeploy depends on engine behaviour, the simulator behaves as the engines do: the command line is
 checked against the flags and speculative methods read from the real release (``engine_facts``); vLLM and SGLang
@@ -131,6 +133,7 @@ class Sim:
         self.api_key = self.behaviour.api_key(opts, env)
         self.ready = False
         self.dead = False
+        self.group = None  # this rank's Group, when it is one of a serving group
         self.lock = threading.Lock()
         self.running = 0
         self.rng = random.Random(int(env.get("SPECDEPLOY_SIM_SEED", "0")) or None)
@@ -278,6 +281,9 @@ def make_handler(sim: Sim):
                 return self._send(503, {"error": "Server is starting"})
             if not self._authorized():
                 return
+            if sim.group is not None and sim.group.broken:  # this step's collective finds the lost rank
+                sim.dead = True
+                sim.group.fail_step(sim.behaviour.engine_dead_lines())
             if sim.dead:
                 return self._send(500, {"error": {"message": "EngineCore encountered an issue. See stack trace "
                                                              "(above) for the root cause.", "code": 500}})
@@ -377,19 +383,37 @@ class Group:
         self.joined: dict[int, str] = {}
         self.cond = threading.Condition()
         self.sock = None
+        self.serving = False          # the leader's API server is up
+        self.broken: list[str] = []   # a rank went away while serving; the next step finds out
 
-    def _lost(self, who: str, lines: list[str]) -> None:
+    def _lost(self, who: str, lines: list[str], serving_matters: bool = False) -> None:
+        if serving_matters and self.serving and self.behaviour.lost_rank_noticed == "next-step":
+            self.broken = lines  # nothing notices until the next step's collective
+            return
         for line in lines:
             print(line, file=sys.stderr, flush=True)
         os._exit(1)
 
-    def _watch(self, conn, who: str, lines) -> None:
+    def fail_step(self, shutdown_lines: list[str]) -> None:
+        """The step that finds a rank gone: the engine's error, then the API server shuts down (shortly after the
+        failed request is answered)."""
+        for line in self.broken:
+            print(line, file=sys.stderr, flush=True)
+
+        def down():
+            time.sleep(0.5)
+            for line in shutdown_lines:
+                print(line, flush=True)
+            os._exit(self.behaviour.lost_exit_code)
+        threading.Thread(target=down, daemon=True).start()
+
+    def _watch(self, conn, who: str, lines, serving_matters: bool = False) -> None:
         try:
             while conn.recv(64):
                 pass
         except OSError:
             pass
-        self._lost(who, lines)
+        self._lost(who, lines, serving_matters)
 
     def start(self) -> None:
         """The leader opens the rendezvous port; another rank joins the leader (retrying until the timeout)."""
@@ -430,7 +454,7 @@ class Group:
                 self.joined[index] = peer[0]
                 self.cond.notify_all()
             threading.Thread(target=self._watch, args=(conn, peer[0], self.behaviour.group_lost_lines(
-                self.rank, f"{peer[0]} (rank {index})")), daemon=True).start()
+                self.rank, peer[0]), True), daemon=True).start()
 
     def wait_all(self) -> None:
         """The leader, before it serves: every other rank has joined."""
@@ -462,7 +486,7 @@ def run(engine: str, version: str, argv: list[str]) -> int:
         sys.exit(0)
     signal.signal(signal.SIGTERM, on_term)
     rank = sim.behaviour.rank(opts)
-    group = Group(rank, sim.behaviour) if rank is not None and rank.size > 1 else None
+    group = sim.group = Group(rank, sim.behaviour) if rank is not None and rank.size > 1 else None
     if group:
         group.start()
     load_progress(engine, sim.load_s)
@@ -483,6 +507,8 @@ def run(engine: str, version: str, argv: list[str]) -> int:
     server = ThreadingHTTPServer((host, port), make_handler(sim))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     sim.ready = True
+    if group:
+        group.serving = True
     for line in sim.behaviour.ready_lines(host, port, os.getpid()):
         print(line, flush=True)
     t_ready = time.monotonic()
