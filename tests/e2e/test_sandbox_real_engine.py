@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,21 +20,49 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.realengine, pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
     reason="needs root and systemd-nspawn (CI runs as root; scripts/setup.sh installs systemd-container)")]
 
-H1 = "10.231.1.2"
+H1, H2 = "10.231.1.2", "10.231.2.2"
 VERSION = "0.32.0"
 TARGET = "deepseek_v3"
 
 
 @pytest.fixture(scope="module")
-def inv(tmp_path_factory):
+def hosts():
     from specdeploy.testing import sandbox
     sandbox.down()
-    hosts = sandbox.up(1, real_engine=VERSION)
+    up = sandbox.up(2, real_engine=VERSION)
     sandbox.artifacts()
+    yield up
+    sandbox.down()
+
+
+@pytest.fixture(scope="module")
+def inv(hosts, tmp_path_factory):
+    """sdhost1 alone, serving the whole model."""
+    from specdeploy.testing import sandbox
+    return sandbox.write_inventory(hosts[:1], tmp_path_factory.mktemp("inv") / "sandbox", "vllm", "venv",
+                                   real_engine=VERSION, target=TARGET)
+
+
+@pytest.fixture(scope="module")
+def group_inv(hosts, tmp_path_factory):
+    """sdhost1 and sdhost2 as one serving group, tensor parallel across the two hosts: each host one CPU "GPU" (a
+    custom hardware profile), so TP 2 spans them; the sandbox's network stands in for the RDMA fabric."""
+    import yaml
+    from specdeploy.testing import sandbox
     d = sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm", "venv",
                                 real_engine=VERSION, target=TARGET)
-    yield d
-    sandbox.down()
+    doc = yaml.safe_load((d / "hosts.yml").read_text())
+    engines = doc["all"]["children"]["specdeploy_engines"]
+    engines["children"] = {"tiny_tp": {"vars": {"specdeploy_group": "tiny_tp"}, "hosts": engines.pop("hosts")}}
+    (d / "hosts.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    gv = d / "group_vars" / "specdeploy_engines.yml"
+    data = yaml.safe_load(gv.read_text())
+    data.update({"specdeploy_topology": "tp", "specdeploy_hardware": "custom", "specdeploy_router": "none",
+                 "specdeploy_hardware_custom": {"gpu_count": 1, "gpu_memory_gib": 16, "compute_capability": "9.0",
+                                                "interconnect": "pcie", "rdma": True},
+                 "specdeploy_tensor_parallel_size": None})
+    gv.write_text(yaml.safe_dump(data, sort_keys=False))
+    return d
 
 
 def flat(text: str) -> str:
@@ -47,10 +76,10 @@ def probed(r) -> str:
     return out[max(0, i - 200):i + 6000] if i >= 0 else out[-4000:]
 
 
-def ssh(cmd: str) -> str:
+def ssh(cmd: str, host: str = H1) -> str:
     from specdeploy.testing.sandbox import STATE
     r = subprocess.run(["ssh", "-i", str(STATE / "id_ed25519"), "-o", "StrictHostKeyChecking=no", "-o",
-                        "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"root@{H1}", cmd],
+                        "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"root@{host}", cmd],
                        capture_output=True, text=True, timeout=60)
     return r.stdout
 
@@ -128,3 +157,35 @@ def refused_by_the_engine_before_the_restart(inv, pid: str):
     assert ssh("systemctl show -p MainPID --value specdeploy-vllm.service").strip() == pid
     assert ssh("cat /var/lib/specdeploy/current").strip() == current
     assert chat("Still there?")["choices"][0]["message"]["content"]
+
+
+def engine_cmdline(host: str) -> str:
+    pid = ssh("systemctl show -p MainPID --value specdeploy-vllm.service", host).strip()
+    return ssh(f"tr '\\0' ' ' < /proc/{pid}/cmdline", host)
+
+
+def test_real_vllm_serves_one_model_across_two_sandbox_hosts_as_a_tp_group(group_inv):
+    """The same hosts, now one serving group: the deploy renders a rank line per host, starts the follower, then
+    the leader, and is ready when the leader serves a real generation; the two real engines form one tensor-
+    parallel world over the hosts' network (the leader's rendezvous), and only the leader serves HTTP."""
+    from specdeploy.testing import realengine
+    r = subprocess.run(["ansible-playbook", "-i", str(group_inv), str(REPO / "ansible" / "site.yml")],
+                       capture_output=True, text=True, cwd=REPO, timeout=1800)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    lead, follow = engine_cmdline(H1), engine_cmdline(H2)
+    for line, rank in ((lead, 0), (follow, 1)):
+        assert f"{realengine.path(VERSION)}/bin/vllm serve /models/tiny-{TARGET}" in line, line
+        assert "simulate" not in line and "--tensor-parallel-size 2" in line and "--nnodes 2" in line, line
+        assert f"--node-rank {rank}" in line and f"--master-addr {H1}" in line, line
+    assert "--headless" in follow and "--headless" not in lead
+    for host, rank in ((H1, 0), (H2, 1)):
+        journal = ssh("journalctl -u specdeploy-vllm.service -o cat --no-pager", host)
+        assert re.search(rf"world_size=2 rank={rank} local_rank=0 distributed_init_method=tcp://{re.escape(H1)}:",
+                         journal), journal[-3000:]
+    before = engine_counters()
+    for i in range(3):
+        assert chat(f"Name {i + 2} rivers.")["choices"][0]["message"]["content"]
+    after = engine_counters()
+    assert after["vllm:spec_decode_num_drafts_total"] > before.get("vllm:spec_decode_num_drafts_total", 0)
+    with pytest.raises(OSError):  # headless: no API server on the follower
+        urllib.request.urlopen(f"http://{H2}:8000/health", timeout=5)

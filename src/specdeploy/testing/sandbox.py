@@ -395,6 +395,12 @@ def _up(n: int, progress=None, binds: list[str] | None = None) -> list[SandboxHo
         ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         (ssh_dir / "authorized_keys").write_text(pub + "\n")
         os.chmod(ssh_dir / "authorized_keys", 0o600)
+        # No resolver: a name outside the sandbox fails at once, as on a closed network with its own DNS, instead
+        # of each lookup waiting out the controller's resolver, which the host cannot reach (20 s each).
+        resolv = merged / "etc/resolv.conf"
+        resolv.unlink(missing_ok=True)
+        resolv.write_text("# specdeploy sandbox host: no resolver; names outside the sandbox fail at once\n"
+                          "nameserver 127.0.0.1\n")
         (merged / "etc/hosts").write_text("127.0.0.1 localhost\n" + "".join(
             f"{x.address} {x.name}\n" for x in hosts))
         docker_dir = h.dir / "docker"  # on the controller's disk (ext4), for overlay2
@@ -407,7 +413,8 @@ def _up(n: int, progress=None, binds: list[str] | None = None) -> list[SandboxHo
         log = open(h.dir / "console.log", "ab")
         p = subprocess.Popen(["systemd-nspawn", "--register=no", "--keep-unit", "-q", "-b", "-D", str(merged),
                               f"--network-namespace-path=/run/netns/{h.netns}", f"--machine={h.name}",
-                              f"--hostname={h.name}", *NSPAWN_DOCKER, f"--bind={docker_dir}:/var/lib/docker",
+                              f"--hostname={h.name}", "--resolv-conf=off", *NSPAWN_DOCKER,
+                              f"--bind={docker_dir}:/var/lib/docker",
                               f"--bind-ro={base}:{BASE_IMAGE_IN_HOST}", *(f"--bind-ro={b}" for b in binds)],
                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         (h.dir / "nspawn.pid").write_text(str(p.pid))
