@@ -30,12 +30,15 @@ def example_inv(tmp_path) -> Path:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group from the marks
 def pytest_collection_modifyitems(config, items):
-    """The sandbox tests share the machine's sandbox hosts (one fleet at a time): under pytest-xdist
-    (`-n 2 --dist loadgroup`, as .ci/run runs) they all go to one worker, in order, while the other worker
-    runs the rest. The real-engine tests form a group of their own, so no two real engines load at once."""
+    """The sandbox tests share a fleet of sandbox hosts per module: under pytest-xdist (`-n 3 --dist loadgroup`,
+    as .ci/run runs) each fleet's tests go to one worker, in order, while another worker runs the other fleet and
+    the third the rest. The real-engine tests form a group of their own, so no two of them load an engine at
+    once."""
     for item in items:
-        if item.get_closest_marker("sandbox"):
-            item.add_marker(pytest.mark.xdist_group("sandbox"))
+        mark = item.get_closest_marker("sandbox")
+        if mark:  # each fleet (helpers.FLEETS) its own hosts and state: the two run side by side
+            fleet = mark.kwargs.get("fleet", "a")
+            item.add_marker(pytest.mark.xdist_group("sandbox" if fleet == "a" else f"sandbox-{fleet}"))
         elif item.get_closest_marker("realengine"):  # one real engine at a time, beside the sandbox fleet
             item.add_marker(pytest.mark.xdist_group("realengine"))
 

@@ -1,6 +1,7 @@
 """Process helpers for tests that run the simulator, the exporter and Prometheus for real."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -13,6 +14,28 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 MODEL = REPO / "examples/models/kimi-k2.5-int4"
 DRAFTER = REPO / "examples/models/kimi-k2.5-eagle3"
+
+
+# The sandbox tests run as two fleets at once (conftest: one xdist group each, ``pytest.mark.sandbox(fleet=...)``):
+# each fleet its own state directory and its own host numbers, so neither's up/down touches the other's hosts.
+FLEETS = {"a": 1, "b": 5}  # fleet -> the number of its first host (sdhost1.., sdhost5..)
+
+
+def fleet_state(fleet: str) -> Path:
+    base = Path(os.environ.get("SPECDEPLOY_SANDBOX_STATE", "/var/lib/specdeploy-sandbox"))
+    return base if fleet == "a" else base.with_name(f"{base.name}-{fleet}")
+
+
+@contextlib.contextmanager
+def sandbox_fleet(fleet: str):
+    """Within: the sandbox module works on ``fleet``'s state directory; yields the fleet's first host number."""
+    from specdeploy.testing import sandbox
+    old = sandbox.STATE
+    sandbox.STATE = fleet_state(fleet)
+    try:
+        yield FLEETS[fleet]
+    finally:
+        sandbox.STATE = old
 
 
 def point_at_loopback(inv: Path) -> Path:

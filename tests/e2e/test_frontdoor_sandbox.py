@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, sandbox_fleet
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(
+pytestmark = [pytest.mark.sandbox(fleet="b"), pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
     reason="needs root and systemd-nspawn (CI runs as root; scripts/setup.sh installs systemd-container)")]
 
@@ -25,12 +25,13 @@ SLOW_LOAD = json.dumps({"specdeploy_engine_env": {"SPECDEPLOY_SIM_LOAD_SECONDS":
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     from specdeploy.testing import sandbox
-    sandbox.down()
-    hosts = sandbox.up(2)
-    sandbox.artifacts()
-    inv = sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm")
-    yield inv, hosts
-    sandbox.down()
+    with sandbox_fleet("b") as first:
+        sandbox.down()
+        hosts = sandbox.up(2, first=first)
+        sandbox.artifacts()
+        inv = sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm")
+        yield inv, hosts
+        sandbox.down()
 
 
 def sd(*args, timeout=1200) -> subprocess.CompletedProcess:

@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, sandbox_fleet
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(
+pytestmark = [pytest.mark.sandbox(fleet="b"), pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
     reason="needs root and systemd-nspawn (CI runs as root; scripts/setup.sh installs systemd-container)")]
 
@@ -20,10 +20,11 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def inv(tmp_path_factory):
     from specdeploy.testing import sandbox
-    sandbox.down()
-    hosts = sandbox.up(1)
-    yield sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm"), hosts[0]
-    sandbox.down()
+    with sandbox_fleet("b") as first:
+        sandbox.down()
+        hosts = sandbox.up(1, first=first)
+        yield sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm"), hosts[0]
+        sandbox.down()
 
 
 def ssh(addr: str, cmd: str) -> subprocess.CompletedProcess:

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO
+from helpers import FLEETS, REPO, sandbox_fleet
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(
+pytestmark = [pytest.mark.sandbox(fleet="b"), pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
     reason="needs root and systemd-nspawn (CI runs as root; scripts/setup.sh installs systemd-container)")]
 
-A, B = "10.231.1.2", "10.231.2.2"
+A, B = (f"10.231.{FLEETS['b'] + i}.2" for i in range(2))  # this module runs on fleet b
 MODEL, DRAFTER = "/models/kimi-k2.5-int4", "/models/kimi-k2.5-eagle3"
 B_MODEL, B_DRAFTER = "/srv/models/kimi-k2.5-int4", "/srv/models/kimi-k2.5-eagle3"
 SHARED = "/mnt/nfs/kimi-k2.5-eagle3"
@@ -101,11 +101,17 @@ def chat(host: str, timeout=30) -> str:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    """Two bare hosts, gpu-a seeded with a model and a drafter, and the README's inventory copied and edited."""
+    """Two bare hosts (fleet b), gpu-a seeded with a model and a drafter, and the README's inventory copied and
+    edited."""
+    with sandbox_fleet("b") as first:
+        yield from _seeded(first, tmp_path_factory)
+
+
+def _seeded(first: int, tmp_path_factory):
     from specdeploy.testing import sandbox
     from specdeploy.testing.fixtures import drafter_config, write_drafter, write_model
     sandbox.down()
-    sandbox.up(2)
+    sandbox.up(2, first=first)
     key, _ = sandbox.keypair()
     root = tmp_path_factory.mktemp("readme")
     src = root / "controller"

@@ -2,6 +2,7 @@
 convert, simulator, triage), built on the controller for the hosts' Python and platform, installed offline."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import re
 import subprocess
@@ -52,13 +53,25 @@ def target_args(target: str | None) -> list[str]:
 def build(out: Path, target: str | None = None) -> str:
     """Build (or reuse) the wheelhouse; returns its stamp (source hash and target). ``out`` is written beside
     itself and renamed into place (:mod:`specdeploy.plan.outdir`): it must not exist or be a previous wheelhouse."""
-    from specdeploy.plan.outdir import atomic_output_dir, check_target
+    from specdeploy.plan.outdir import check_target
     extra = target_args(target)
     stamp = source_hash() + (f"-{target.strip()}" if target else "")
     marker = out / "STAMP"
     check_target(out, WHEELHOUSE_CMD, (), _previous)
     if marker.is_file() and marker.read_text().strip() == stamp:
         return stamp
+    out.absolute().parent.mkdir(parents=True, exist_ok=True)
+    # two deploys from one controller build it once: the second waits, then finds it built
+    with open(out.absolute().parent / f".{out.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.is_file() and marker.read_text().strip() == stamp:
+            return stamp
+        _build(out, extra, stamp)
+    return stamp
+
+
+def _build(out: Path, extra: list[str], stamp: str) -> None:
+    from specdeploy.plan.outdir import atomic_output_dir
     with atomic_output_dir(out, WHEELHOUSE_CMD, (), _previous) as tmp:
         pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
         subprocess.run(pip + ["wheel", "--no-deps", "-w", str(tmp), str(REPO)], check=True)
@@ -67,7 +80,6 @@ def build(out: Path, target: str | None = None) -> str:
         (tmp / "requirements-host.txt").write_text("\n".join(HOST_REQUIREMENTS) + "\n")
         (tmp / "requirements-image.txt").write_text("\n".join(IMAGE_REQUIREMENTS) + "\n")
         (tmp / "STAMP").write_text(stamp + "\n")
-    return stamp
 
 
 WHEELHOUSE_CMD = "wheelhouse"

@@ -360,24 +360,28 @@ def real_engine_binds(version: str, progress=None) -> list[str]:
     return [str(venv), str(prefix)]
 
 
-def up(n: int = 2, progress=None, real_engine: str | None = None) -> list[SandboxHost]:
-    """Boot N hosts (or keep those already running). One ``up`` or ``down`` at a time on this machine: a second
-    one waits for the first (a lock), then finds its hosts running. ``real_engine``: a vLLM version whose CPU
-    build the hosts can run (its venv and interpreter bound read-only into each host)."""
+def up(n: int = 2, progress=None, real_engine: str | None = None, first: int = 1) -> list[SandboxHost]:
+    """Boot N hosts (or keep those already running), ``sdhost<first>`` onwards. One ``up`` or ``down`` at a time
+    on this machine: a second one waits for the first (a lock), then finds its hosts running. ``real_engine``: a
+    vLLM version whose CPU build the hosts can run (its venv and interpreter bound read-only into each host).
+    Two state directories may run at once with hosts of different numbers (the tests' two fleets)."""
     _require_root()
+    if not 1 <= first <= 250 - n:
+        raise SpecdeployError([Finding("error", "first", f"host numbers {first}..{first + n - 1} are out of range",
+                                       "number the hosts from 1 to 249")])
     binds = real_engine_binds(real_engine, progress) if real_engine else []
     with _cache.locked(SANDBOX_LOCK, "sandbox up/down", progress):
-        return _up(n, progress, binds)
+        return _up(n, progress, binds, first)
 
 
-def _up(n: int, progress=None, binds: list[str] | None = None) -> list[SandboxHost]:
+def _up(n: int, progress=None, binds: list[str] | None = None, first: int = 1) -> list[SandboxHost]:
     binds = list(binds or [])
     lower = rootfs(progress)
     base = base_image(lower, progress)
     key, pub = keypair()
     _ensure_nspawn_runtime()
     _run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
-    hosts = [SandboxHost(f"sdhost{i}", i) for i in range(1, n + 1)]
+    hosts = [SandboxHost(f"sdhost{i}", i) for i in range(first, first + n)]
     for h in hosts:
         if progress:
             progress(f"boot {h.name} ({h.address})")
@@ -554,7 +558,12 @@ def real_engine_vars(version: str, target: str = "deepseek_v3") -> dict:
         "specdeploy_drafter_controller_path": str(tinymodels.drafter(target, "good")),
         "specdeploy_served_model_name": f"tiny-{target}", "specdeploy_spec_num_tokens": 1,
         "specdeploy_max_model_len": 512, "specdeploy_engine_extra_args": ["--max-num-seqs", "4", "--enforce-eager"],
-        "specdeploy_engine_env": realengine.env(version, realengine.uses_mla(model)), "specdeploy_router": "none",
+        # TORCH_COMPILE_DISABLE: the hosts have no C++ compiler, which torch's inductor needs for the few small
+        # functions vLLM compiles even with --enforce-eager (the vocabulary mask of a tensor-parallel embedding,
+        # so a group's ranks need it); they run eagerly instead
+        "specdeploy_engine_env": {**realengine.env(version, realengine.uses_mla(model)),
+                                  "TORCH_COMPILE_DISABLE": "1"},
+        "specdeploy_router": "none",
     }
 
 
