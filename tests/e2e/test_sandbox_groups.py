@@ -108,6 +108,39 @@ def test_two_groups_of_two_deploy_with_cross_host_tensor_parallelism(inv):
     assert {h for h, _ in jobs["node"]} == set(ADDR)
 
 
+def _dist_port_errors(inv, limit: str) -> list[dict]:
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "preflight", "-i", str(inv), "--hosts", "--json",
+                        "--limit", limit], capture_output=True, text=True, timeout=300)
+    assert r.returncode in (0, 1) and r.stdout.strip(), r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    findings = [f for rep in (doc.get("hosts") or doc).values() if isinstance(rep, dict)
+                for f in rep.get("findings", [])]
+    return [f for f in findings if f.get("subject") == "specdeploy_dist_port" and f.get("severity") == "error"]
+
+
+def test_preflight_hosts_checks_each_follower_reaches_its_leaders_rendezvous(inv):
+    """Each follower connects to its leader's rendezvous port from its own network; when the leader's host drops
+    what the follower sends (a blackhole route in the leader's network namespace: its answers go nowhere), the
+    follower is refused with the leader, the port and the reason, within the check's few seconds."""
+    from specdeploy.testing.sandbox import SandboxHost
+    assert _dist_port_errors(inv, "sdhost2,sdhost4") == []
+    leader_ns = SandboxHost("sdhost1", 1).netns
+    route = ["ip", "-n", leader_ns, "route", "add", "blackhole", f"{ADDR['sdhost2']}/32"]
+    import subprocess
+    subprocess.run(route, check=True)
+    try:
+        t0 = time.monotonic()
+        [err] = _dist_port_errors(inv, "sdhost2")
+        assert time.monotonic() - t0 < 60
+    finally:
+        subprocess.run(["ip", "-n", leader_ns, "route", "del", "blackhole", f"{ADDR['sdhost2']}/32"], check=True)
+    assert err["host"] == "sdhost2" and f"cannot reach the leader sdhost1 at {ADDR['sdhost1']}:29501" in \
+        err["message"] and "no answer within 3 s" in err["message"], err
+    assert chat(f"http://{ADDR['sdhost1']}:8000")["choices"]  # the check's connection did not disturb the group
+
+
 def test_the_same_groups_switch_to_dp_attention_and_expert_parallelism_by_one_variable(inv):
     rc, out, _ = play(inv, "specdeploy_topology=dp_ep")
     assert rc == 0, out[-4000:]

@@ -1,10 +1,12 @@
 """What a serving group needs of each host's network (``preflight --hosts``): the RDMA devices its layout needs,
 the interface NCCL and Gloo are told to use with the address the other ranks reach, the rendezvous and KV-transfer
-ports, and a synchronised clock. Read by the same read-only gather script as the GPU facts."""
+ports, a synchronised clock, and from each rank that joins a leader, the leader's rendezvous port reachable by the
+route the named interface gives. Read by the same read-only gather script as the GPU facts."""
 from __future__ import annotations
 
 import ipaddress
 import re
+import shlex
 
 from specdeploy.values.errors import Report
 
@@ -16,6 +18,35 @@ GATHER = {
     "listen": "ss -Htln",
     "clock": "timedatectl show -p NTPSynchronized --value",
 }
+
+
+REACH_TIMEOUT_S = 3
+
+
+def reach_command(address: str, port: int) -> str:
+    """The route to the leader and one TCP connection to its rendezvous port (bash's /dev/tcp; nothing is sent).
+    Refused proves the leader's host answers (its engine is not up yet); a timeout means the packets are dropped."""
+    a, p = shlex.quote(address), int(port)
+    return (f"ip -o route get {a} 2>&1; timeout {REACH_TIMEOUT_S} bash -c 'exec 3<>/dev/tcp/\"$0\"/\"$1\"' {a} {p} "
+            "2>&1; echo \"tcp $?\"")
+
+
+def parse_reach(text: str) -> dict:
+    """{"dev": the interface the route leaves by or None, "tcp": connected|refused|unreachable|timeout|None}."""
+    m = re.search(r"\bdev (\S+)", text)
+    rc = re.search(r"^tcp (\d+)\s*$", text, re.M)
+    tcp = None
+    if rc:
+        code = int(rc.group(1))
+        if code == 0:
+            tcp = "connected"
+        elif code == 124:
+            tcp = "timeout"
+        elif re.search(r"(?i)connection refused", text):
+            tcp = "refused"
+        elif re.search(r"(?i)no route to host|network is unreachable|host is unreachable|name or service", text):
+            tcp = "unreachable"
+    return {"dev": m.group(1) if m else None, "tcp": tcp}
 
 
 def parse_rdma(text: str) -> dict[str, list[str]]:
@@ -98,6 +129,19 @@ def layout_findings(host: str, hv, rank, facts, rep: Report) -> None:
                 rep.add("warning", var, f"port {port} is already listened on (the engine of an earlier release, or "
                         "another service): the group's engine needs it", f"free it, or give {var} another port",
                         host)
+    reach = getattr(facts, "reach", None)
+    if rank.multi_host and not rank.leader and reach:
+        where = f"the leader {rank.hosts[0]} at {rank.leader_address}:{rank.port}"
+        if reach.get("tcp") in ("timeout", "unreachable"):
+            why = (f"no answer within {REACH_TIMEOUT_S} s (a firewall drops the packets, or the host is down)"
+                   if reach["tcp"] == "timeout" else "no route to it")
+            rep.add("error", "specdeploy_dist_port", f"this rank cannot reach {where}: {why}; the group's "
+                    "rendezvous would hang until its timeout", "open the rendezvous port between the group's hosts "
+                    "(and the engine's other ports above it), or fix the route", host)
+        if rank.interface and reach.get("dev") and reach["dev"] != rank.interface:
+            rep.add("warning", "specdeploy_dist_interface", f"the route to {where} leaves by {reach['dev']}, while "
+                    f"NCCL and Gloo are told to use {rank.interface}", "name the interface the ranks reach each "
+                    "other by, or set specdeploy_dist_address to an address on the named interface", host)
     if cross and facts.ntp_synced is False:
         rep.add("warning", "clock", "the clock is not NTP-synchronised (timedatectl): the group's logs and "
                 "timeouts disagree between hosts", "enable systemd-timesyncd or chrony", host)

@@ -8,9 +8,11 @@ from specdeploy.hostvars.ssh import ssh_argv
 from specdeploy.values.errors import Report
 
 
-def probe(host: str, variables: dict, timeout: float = 120) -> tuple[HostFacts | None, str | None]:
-    """Run the read-only gather script on the host (as root through ``sudo -n`` when not root)."""
-    script = gather_script()
+def probe(host: str, variables: dict, timeout: float = 120,
+          reach: tuple[str, int] | None = None) -> tuple[HostFacts | None, str | None]:
+    """Run the read-only gather script on the host (as root through ``sudo -n`` when not root); ``reach``: the
+    group leader's rendezvous (address, port) this host tries to connect to."""
+    script = gather_script(reach)
     user = variables.get("ansible_user")
     remote = "sh -s" if user in (None, "root") else "if sudo -n true 2>/dev/null; then sudo -n sh -s; else sh -s; fi"
     try:
@@ -49,7 +51,10 @@ def preflight_hosts(inventory: str, limit: str | None = None, extra: dict | None
         except SpecdeployError as exc:
             rep.extend(exc.problems)
             return rep
-        facts, err = probe_fn(name, variables)
+        rank = ranks.get(name)
+        joins = rank is not None and rank.multi_host and not rank.leader
+        facts, err = (probe_fn(name, variables, reach=(rank.leader_address, rank.port)) if joins
+                      else probe_fn(name, variables))
         if facts is None:
             rep.findings.append(Finding("error", "ssh", f"cannot read the host: {err}",
                                         "check ansible_host/ansible_user/ansible_ssh_private_key_file and that "

@@ -37,10 +37,14 @@ GATHER = {
 }
 
 
-def gather_script() -> str:
-    """One shell script, read-only, printing each section between markers with its exit code."""
+def gather_script(reach: tuple[str, int] | None = None) -> str:
+    """One shell script, read-only, printing each section between markers with its exit code; ``reach``: the
+    (address, port) of this host's group leader's rendezvous, for a rank that joins one."""
     parts = ["export LC_ALL=C PATH=$PATH:/usr/sbin:/sbin"]
-    for name, cmd in GATHER.items():
+    sections = dict(GATHER)
+    if reach is not None:
+        sections["reach"] = groupnet.reach_command(*reach)
+    for name, cmd in sections.items():
         parts.append(f"echo '@@begin {name}'; ( {cmd} ) 2>&1; echo \"@@end {name} $?\"")
     return "\n".join(parts) + "\n"
 
@@ -79,6 +83,7 @@ class HostFacts:
     interfaces: dict[str, list[str]] | None = None
     listening: set[int] | None = None
     ntp_synced: bool | None = None
+    reach: dict | None = None  # a rank that joins a leader: groupnet.parse_reach of its route and connection
 
     @property
     def driver(self) -> str | None:
@@ -87,7 +92,7 @@ class HostFacts:
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("os_id", "os_version", "codename", "arch", "iommu", "open_modules",
                                            "fm_version", "packages", "persistenced", "docker", "rdma",
-                                           "interfaces", "ntp_synced")}
+                                           "interfaces", "ntp_synced", "reach")}
         d["listening"] = sorted(self.listening) if self.listening is not None else None
         d["driver"] = self.driver
         d["smi"] = self.smi.to_dict() if self.smi else None
@@ -151,6 +156,8 @@ def facts_from_sections(sec: dict[str, tuple[int, str]]) -> HostFacts:
     f.interfaces = groupnet.parse_interfaces(text) if rc == 0 else None
     rc, text = sec.get("listen", (127, ""))
     f.listening = groupnet.parse_listening(text) if rc == 0 else None
+    if "reach" in sec:
+        f.reach = groupnet.parse_reach(sec["reach"][1])
     clock = _ok(sec, "clock")
     f.ntp_synced = {"yes": True, "no": False}.get(clock.strip()) if clock else None
     return f

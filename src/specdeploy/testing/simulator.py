@@ -450,6 +450,9 @@ class Group:
             except (OSError, ValueError):
                 conn.close()
                 continue
+            if not 0 < index < self.rank.size:  # not a rank of this group (a port check, a stray client)
+                conn.close()
+                continue
             with self.cond:
                 self.joined[index] = peer[0]
                 self.cond.notify_all()
