@@ -21,31 +21,38 @@ import urllib.request
 
 import pytest
 
-from helpers import UnderLoad
+from helpers import FLEETS, UnderLoad, sandbox_fleet
 from test_sandbox_e2e import chat, play, ssh
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(
+pytestmark = [pytest.mark.sandbox(fleet="b"), pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
     reason="needs root and systemd-nspawn (CI runs as root; scripts/setup.sh installs systemd-container)")]
 
-ADDR = {f"sdhost{i}": f"10.231.{i}.2" for i in range(1, 5)}
-LEADERS, FOLLOWERS = ("sdhost1", "sdhost3"), ("sdhost2", "sdhost4")
-ROUTER = f"http://{ADDR['sdhost1']}:30080"
+N = FLEETS["b"]  # this module runs on fleet b: hosts sdhost5..sdhost8
+H1, H2, H3, H4 = (f"sdhost{N + i}" for i in range(4))
+ADDR = {f"sdhost{N + i}": f"10.231.{N + i}.2" for i in range(4)}
+LEADERS, FOLLOWERS = (H1, H3), (H2, H4)
+ROUTER = f"http://{ADDR[H1]}:30080"
 
 
 @pytest.fixture(scope="module")
 def inv(tmp_path_factory):
+    with sandbox_fleet("b") as first:
+        yield from _groups(first, tmp_path_factory)
+
+
+def _groups(first: int, tmp_path_factory):
     import yaml
     from specdeploy.testing import sandbox
     sandbox.down()
-    hosts = sandbox.up(4)
+    hosts = sandbox.up(4, first=first)
     sandbox.artifacts()
     d = sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm", "venv")
     doc = yaml.safe_load((d / "hosts.yml").read_text())
     engines = doc["all"]["children"]["specdeploy_engines"]
     engines["children"] = {g: {"vars": {"specdeploy_group": g},
                                "hosts": {h: engines["hosts"][h] for h in members}}
-                           for g, members in (("kimi_a", ["sdhost1", "sdhost2"]), ("kimi_b", ["sdhost3", "sdhost4"]))}
+                           for g, members in (("kimi_a", [H1, H2]), ("kimi_b", [H3, H4]))}
     del engines["hosts"]
     (d / "hosts.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
     gv = d / "group_vars" / "specdeploy_engines.yml"
@@ -97,11 +104,11 @@ def test_two_groups_of_two_deploy_with_cross_host_tensor_parallelism(inv):
     # Prometheus scrapes the leaders' engines and exporters, and every host's node exporter
     deadline = time.time() + 60
     while True:
-        t = json.load(urllib.request.urlopen(f"http://{ADDR['sdhost1']}:9090/api/v1/targets", timeout=10))
+        t = json.load(urllib.request.urlopen(f"http://{ADDR[H1]}:9090/api/v1/targets", timeout=10))
         jobs: dict[str, set] = {}
         for x in t["data"]["activeTargets"]:
             jobs.setdefault(x["labels"]["job"], set()).add((x["labels"]["host"], x["health"]))
-        if {("sdhost1", "up"), ("sdhost3", "up")} <= jobs.get("specdeploy_exporter", set()) or time.time() > deadline:
+        if {(H1, "up"), (H3, "up")} <= jobs.get("specdeploy_exporter", set()) or time.time() > deadline:
             break
         time.sleep(3)
     assert {h for h, _ in jobs["specdeploy_engine"]} == set(LEADERS)
@@ -125,20 +132,20 @@ def test_preflight_hosts_checks_each_follower_reaches_its_leaders_rendezvous(inv
     what the follower sends (a blackhole route in the leader's network namespace: its answers go nowhere), the
     follower is refused with the leader, the port and the reason, within the check's few seconds."""
     from specdeploy.testing.sandbox import SandboxHost
-    assert _dist_port_errors(inv, "sdhost2,sdhost4") == []
-    leader_ns = SandboxHost("sdhost1", 1).netns
-    route = ["ip", "-n", leader_ns, "route", "add", "blackhole", f"{ADDR['sdhost2']}/32"]
+    assert _dist_port_errors(inv, f"{H2},{H4}") == []
+    leader_ns = SandboxHost(H1, N).netns
+    route = ["ip", "-n", leader_ns, "route", "add", "blackhole", f"{ADDR[H2]}/32"]
     import subprocess
     subprocess.run(route, check=True)
     try:
         t0 = time.monotonic()
-        [err] = _dist_port_errors(inv, "sdhost2")
+        [err] = _dist_port_errors(inv, H2)
         assert time.monotonic() - t0 < 60
     finally:
-        subprocess.run(["ip", "-n", leader_ns, "route", "del", "blackhole", f"{ADDR['sdhost2']}/32"], check=True)
-    assert err["host"] == "sdhost2" and f"cannot reach the leader sdhost1 at {ADDR['sdhost1']}:29501" in \
+        subprocess.run(["ip", "-n", leader_ns, "route", "del", "blackhole", f"{ADDR[H2]}/32"], check=True)
+    assert err["host"] == H2 and f"cannot reach the leader {H1} at {ADDR[H1]}:29501" in \
         err["message"] and "no answer within 3 s" in err["message"], err
-    assert chat(f"http://{ADDR['sdhost1']}:8000")["choices"]  # the check's connection did not disturb the group
+    assert chat(f"http://{ADDR[H1]}:8000")["choices"]  # the check's connection did not disturb the group
 
 
 def test_the_same_groups_switch_to_dp_attention_and_expert_parallelism_by_one_variable(inv):
@@ -172,11 +179,11 @@ def test_rolling_deploy_group_by_group_under_load_fails_no_request(inv):
 
 def test_a_follower_crash_fails_its_group_fast_names_the_rank_and_rolls_it_back_while_the_other_serves(inv):
     import yaml
-    before = {h: ssh(ADDR[h], "cat /var/lib/specdeploy/current").strip() for h in ("sdhost3", "sdhost4")}
+    before = {h: ssh(ADDR[h], "cat /var/lib/specdeploy/current").strip() for h in (H3, H4)}
     group = yaml.safe_load((inv / "group_vars/specdeploy_engines.yml").read_text())
     hv = inv / "host_vars"
     hv.mkdir(exist_ok=True)
-    (hv / "sdhost4.yml").write_text(yaml.safe_dump({"specdeploy_engine_env": {
+    (hv / f"{H4}.yml").write_text(yaml.safe_dump({"specdeploy_engine_env": {
         **group["specdeploy_engine_env"], "SPECDEPLOY_SIM_CRASH": "load", "SPECDEPLOY_SIM_LOAD_SECONDS": "1"}}))
     stop = threading.Event()
     served = {"ok": 0, "failed": 0}
@@ -184,7 +191,7 @@ def test_a_follower_crash_fails_its_group_fast_names_the_rank_and_rolls_it_back_
     def other_group():  # kimi_a keeps serving, straight at its leader
         while not stop.is_set():
             try:
-                chat(f"http://{ADDR['sdhost1']}:8000", timeout=30)
+                chat(f"http://{ADDR[H1]}:8000", timeout=30)
                 served["ok"] += 1
             except Exception:  # noqa: BLE001
                 served["failed"] += 1
@@ -197,19 +204,19 @@ def test_a_follower_crash_fails_its_group_fast_names_the_rank_and_rolls_it_back_
     finally:
         stop.set()
         t.join()
-        (hv / "sdhost4.yml").unlink()
+        (hv / f"{H4}.yml").unlink()
     assert rc != 0
     waits = [float(x) for x in re.findall(r"crashed after ([0-9.]+) s", out)]
     assert waits and max(waits) < 60, out[-4000:]  # the group failed within a minute of its start
-    assert "TRIAGE specdeploy-vllm.service on sdhost4" in out
+    assert f"TRIAGE specdeploy-vllm.service on {H4}" in out
     flat = re.sub(r"\s+", " ", out.replace("\\\n", ""))  # Ansible wraps long messages
-    assert "(serving group kimi_b, ranks sdhost3, sdhost4): rank 1 (sdhost4): AttributeError" in flat, out[-4000:]
+    assert f"(serving group kimi_b, ranks {H3}, {H4}): rank 1 ({H4}): AttributeError" in flat, out[-4000:]
     assert "image_token_index" in out
     assert out.count("Rolled back to release") >= 2  # both ranks of the group
-    for h in ("sdhost3", "sdhost4"):
+    for h in (H3, H4):
         assert ssh(ADDR[h], "cat /var/lib/specdeploy/current").strip() == before[h]
-    assert "SPECDEPLOY_SIM_CRASH" not in ssh(ADDR["sdhost4"], "cat /etc/specdeploy/specdeploy-vllm.env")
-    assert chat(f"http://{ADDR['sdhost3']}:8000")["choices"][0]["message"]["content"]  # kimi_b serves again
+    assert "SPECDEPLOY_SIM_CRASH" not in ssh(ADDR[H4], "cat /etc/specdeploy/specdeploy-vllm.env")
+    assert chat(f"http://{ADDR[H3]}:8000")["choices"][0]["message"]["content"]  # kimi_b serves again
     assert served["ok"] > 10 and served["failed"] == 0, served
 
 
@@ -226,7 +233,7 @@ def test_pd_layout_behind_the_router_in_pd_mode_sends_each_request_through_prefi
     from specdeploy.engines import get
     hv = inv / "host_vars"
     hv.mkdir(exist_ok=True)
-    roles = {"sdhost1": "prefill", "sdhost2": "decode", "sdhost3": "prefill", "sdhost4": "decode"}
+    roles = {H1: "prefill", H2: "decode", H3: "prefill", H4: "decode"}
     for h, role in roles.items():
         (hv / f"{h}.yml").write_text(yaml.safe_dump({"specdeploy_pd_role": role}))
     pd = json.dumps({"specdeploy_engine": "sglang", "specdeploy_engine_version": get("sglang").sandbox_version,
@@ -234,7 +241,7 @@ def test_pd_layout_behind_the_router_in_pd_mode_sends_each_request_through_prefi
     try:
         rc, out, _ = play(inv, pd)
         assert rc == 0, out[-4000:]
-        unit = ssh(ADDR["sdhost1"], "cat /etc/systemd/system/specdeploy-router.service")
+        unit = ssh(ADDR[H1], "cat /etc/systemd/system/specdeploy-router.service")
         assert "--pd-disaggregation" in unit and unit.count("--prefill") == 2 and unit.count("--decode") == 2
         for h, role in roles.items():
             assert f"--disaggregation-mode {role}" in ssh(ADDR[h], "cat /etc/specdeploy/specdeploy-sglang.argv")
@@ -254,9 +261,9 @@ def test_pd_layout_behind_the_router_in_pd_mode_sends_each_request_through_prefi
                  for h in roles}
         prompt = {h: after[h][0] - before[h][0] for h in roles}
         gen = {h: after[h][1] - before[h][1] for h in roles}
-        assert sum(prompt[h] for h in ("sdhost1", "sdhost3")) > 0, prompt  # prompts computed on prefill...
-        assert prompt["sdhost2"] == prompt["sdhost4"] == 0, prompt  # ...and never on decode
-        assert sum(gen[h] for h in ("sdhost2", "sdhost4")) >= 8 * 8, gen  # the answers decoded on decode
+        assert sum(prompt[h] for h in (H1, H3)) > 0, prompt  # prompts computed on prefill...
+        assert prompt[H2] == prompt[H4] == 0, prompt  # ...and never on decode
+        assert sum(gen[h] for h in (H2, H4)) >= 8 * 8, gen  # the answers decoded on decode
     finally:
         for h in roles:
             (hv / f"{h}.yml").unlink(missing_ok=True)
