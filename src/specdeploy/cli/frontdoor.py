@@ -169,7 +169,7 @@ def _status_table(st: dict) -> Table:
                                                                                   if r.get("via") else ""))
                                        if r.get("group") else "-"] if grouped else [])
         if not r["reachable"] or r.get("error"):  # a host that answered garbage is one bad row, with the reason
-            state = "unreachable" if not r["reachable"] else "bad answer"
+            state = "unreachable" if not r["reachable"] else r.get("group_state") or "bad answer"
             t.add_row(*head, f"[bold red]{state}[/]", escape(r.get("error", "")), "", "", "", "", "", "", "", "")
             continue
         up = "[green]up[/]" if r.get("up") else "[red]engine down[/]"

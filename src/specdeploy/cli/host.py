@@ -46,7 +46,11 @@ def exporter_cmd(engine: str = typer.Option(..., "--engine"), engine_url: str = 
                  listen: str = typer.Option("0.0.0.0:9450", "--listen"), window: float = typer.Option(60, "--window"),
                  info: Optional[List[str]] = typer.Option(None, "--info", help="KEY=VALUE for specdeploy_engine_info"),
                  gate_file: Optional[Path] = typer.Option(Path("/var/lib/specdeploy/gate/report.json"),
-                                                          "--gate-file")):
+                                                          "--gate-file"),
+                 group_port: Optional[int] = typer.Option(None, "--group-port", help="a serving group's leader: "
+                                                          "its rendezvous port"),
+                 group_rank: Optional[List[str]] = typer.Option(None, "--group-rank", help="HOST=ADDRESS of each "
+                                                                "other rank of the group, in rank order")):
     """Serve speculative-decoding metrics under one engine-independent set of names."""
     import time as _t
     from specdeploy.speculation.exporter import serve
@@ -59,8 +63,17 @@ def exporter_cmd(engine: str = typer.Option(..., "--engine"), engine_url: str = 
     except SpecdeployError as exc:
         fail(exc)
     kv = dict(x.split("=", 1) for x in info or [] if "=" in x)
+    if (group_port is None) != (not group_rank):
+        error("--group-port" if group_port is None else "--group-rank", "goes with the other",
+              "give both --group-port and one --group-rank HOST=ADDRESS per other rank, or neither")
+    if group_port is not None and not 0 < group_port < 65536:
+        error("--group-port", f"{group_port} is not a TCP port", "give 1-65535")
+    bad = [r for r in group_rank or [] if "=" not in r or not r.split("=", 1)[0] or not r.split("=", 1)[1]]
+    if bad:
+        error("--group-rank", f"{bad[0]!r} is not HOST=ADDRESS", "give the rank's host name and its address")
+    group = (group_port, list(group_rank)) if group_port is not None else None
     try:
-        serve(engine, engine_url, listen, window, kv, gate_file)
+        serve(engine, engine_url, listen, window, kv, gate_file, group)
     except OSError as exc:
         error("--listen", f"cannot listen on {listen}: {exc.strerror or exc}",
               "choose a free port and an address of this host")

@@ -42,6 +42,8 @@ def scrape_exporter(t: Target, timeout: float = 2.0) -> dict[str, Any]:
                     seen["acceptance_rate"] = s.value
                 elif s.name == "specdeploy_gate_verdict" and s.value == 1:
                     seen["gate"] = s.labels.get("verdict")
+                elif s.name == "specdeploy_group_rank_joined" and s.labels.get("rank_host"):
+                    seen.setdefault("group_joined", {})[s.labels["rank_host"]] = bool(s.value)
     except Exception as exc:  # noqa: BLE001 - the parser raises bare ValueErrors and more on garbage
         row["error"] = f"{where}: not a metrics page ({str(exc).splitlines()[0][:60] if str(exc) else 'garbage'})"
         return row
@@ -79,8 +81,9 @@ def prom_query(base: str, q: str, timeout: float = 3.0) -> dict[str, float]:
 def fleet_status(hosts: list[Target], prometheus: list[str], timeout: float = 2.0) -> dict:
     """One row per host from its exporter, with serving figures from Prometheus. Every request runs at once with
     its own ``timeout`` as a total deadline, so the whole call takes about ``timeout``, however peers behave. A
-    rank that joins a serving group's leader has no exporter: its row is its group's, read from the leader's
-    (a group serves only while every rank runs, and the leader's engine goes down when one goes)."""
+    rank that joins a serving group's leader has no exporter: its row is its group's, read from the leader's, with
+    whether the leader sees it joined (``joined``, topology/links): a rank that went away is down, and so is its
+    group, though the leader's engine answers its health check until its next request fails."""
     from concurrent.futures import wait
     scraped = [t for t in hosts if t.leader in (None, t.host)]
     jobs = len(scraped) + len(prometheus) * len(PROM_QUERIES)
@@ -120,7 +123,7 @@ def fleet_status(hosts: list[Target], prometheus: list[str], timeout: float = 2.
     out = []
     for t in hosts:
         if t.leader in (None, t.host):
-            row = by_host[t.host]
+            row = dict(by_host[t.host])  # a copy: its followers read the group's state from the original
         else:
             lead = by_host.get(t.leader)
             if lead is None:  # its leader is outside --limit: nothing to read it from
@@ -131,8 +134,23 @@ def fleet_status(hosts: list[Target], prometheus: list[str], timeout: float = 2.
                 row = {k: v for k, v in lead.items() if k in ("reachable", "up", "engine", "version", "release",
                                                                  "speculation", "spec_tokens", "error")}
                 row.update(host=t.host, address=t.address, via=t.leader)
+                joined = (lead.get("group_joined") or {}).get(t.host)
+                if joined is not None:
+                    row["joined"] = joined
+                if joined is False:
+                    row["up"] = False
+                    row["group_state"] = "rank lost"
+                    row["error"] = (f"rank {t.rank} of serving group {t.group} holds no connection to its leader "
+                                    f"{t.leader}'s rendezvous port: it went away, and the group cannot serve (the "
+                                    "leader's engine answers its health check until its next request fails)")
         if t.group is not None:
             row.update(group=t.group, rank=t.rank)
+            lost = sorted(h for h, ok in (row.get("group_joined") or {}).items() if not ok)
+            if lost:
+                row["group_state"] = "group broken"
+                row["error"] = (f"serving group {t.group} cannot serve: rank(s) {', '.join(lost)} went away (no "
+                                "connection to this leader's rendezvous port); the next request fails")
+        row.pop("group_joined", None)
         out.append(row)
     return {"time": time.time(), "prometheus": prom_used, "prometheus_errors": prom_errors, "hosts": out}
 

@@ -128,6 +128,10 @@ def render_host(host: str, hv: HostVars, address: str | None = None, rank: Rank 
                 "--info", f"drafter={converted_drafter_path(hv) or ''}",
                 "--info", f"patch_set={image_patch_label(hv)}"]
     serves = rank is None or rank.leader
+    if rank is not None and rank.multi_host and rank.leader:  # it tells which ranks are joined (topology/links)
+        exp_argv += ["--group-port", str(rank.port)]
+        for h, a in list(zip(rank.hosts, rank.addresses))[1:]:
+            exp_argv += ["--group-rank", f"{h}={a}"]
     if serves:  # a rank that joins a leader serves no HTTP: the leader's exporter speaks for the group
         files["/etc/systemd/system/specdeploy-exporter.service"] = j.get_template("exporter.service.j2").render(
             exec_argv=exp_argv, engine_unit=unit, user=SERVICE_USER, state_dir=STATE_DIR)

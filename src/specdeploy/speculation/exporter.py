@@ -38,6 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specdeploy.values import peerhttp
 from specdeploy.engines import get
 from specdeploy.speculation.metrics import help_of
+from specdeploy.topology import links
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,8 @@ def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
 class SpecCollector:
     def __init__(self, engine: str, url: str, window: float = 60.0, info: dict | None = None,
                  gate_file: Path | None = None, timeout: float = 2.0, cache_s: float = 1.0,
-                 release_file: Path | None = None):
+                 release_file: Path | None = None, group: tuple[int, list[str]] | None = None,
+                 tables=None):
         # counters (else acceptance gauges); an unknown engine is a ValueError (UnsupportedVersion)
         self.counting = bool(get(engine).metrics.spec_counters)
         self.engine, self.url, self.window = engine, url.rstrip("/") + "/metrics", window
@@ -154,6 +156,9 @@ class SpecCollector:
         self.info.update(info or {})
         self.gate_file, self.timeout, self.cache_s = gate_file, timeout, cache_s
         self.release_file = release_file
+        # a serving group's leader: (its rendezvous port, "HOST=ADDRESS" of every other rank in rank order)
+        self.group = group
+        self.tables = tables or links.read_tables
         self.samples: deque[Sample] = deque()
         self.errors = 0
         self.up = 0
@@ -201,6 +206,19 @@ class SpecCollector:
         if samples:
             yield from self._spec(samples)
         yield from gate
+        if self.group:
+            yield self._group()
+
+    def _group(self):
+        port, ranks = self.group
+        peers = dict(r.split("=", 1) for r in ranks)
+        state = links.joined(port, peers, self.tables())
+        g = GaugeMetricFamily("specdeploy_group_rank_joined", help_of("specdeploy_group_rank_joined"),
+                              labels=["rank", "rank_host"])
+        for i, host in enumerate(peers, start=1):
+            if state.get(host) is not None:
+                g.add_metric([str(i), host], 1.0 if state[host] else 0.0)
+        return g
     def _spec(self, samples):
         last = samples[-1]
         rate = GaugeMetricFamily("specdeploy_spec_acceptance_rate", help_of("specdeploy_spec_acceptance_rate"))
@@ -385,12 +403,13 @@ def read_release(path: Path) -> tuple[str, str]:
     return release[:64], ""
 
 
-def serve(engine: str, url: str, listen: str, window: float, info: dict, gate_file: Path | None):
+def serve(engine: str, url: str, listen: str, window: float, info: dict, gate_file: Path | None,
+          group: tuple[int, list[str]] | None = None):
     from prometheus_client import start_http_server
     from prometheus_client.core import CollectorRegistry
     reg = CollectorRegistry()
     release = gate_file.parent.parent / "current" if gate_file else None  # <state dir>/gate/.. -> <state dir>
-    reg.register(SpecCollector(engine, url, window, info, gate_file, release_file=release))
+    reg.register(SpecCollector(engine, url, window, info, gate_file, release_file=release, group=group))
     host, _, port = listen.rpartition(":")
     server, thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=reg)
     return server, thread

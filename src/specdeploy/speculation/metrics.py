@@ -29,6 +29,10 @@ EXPORTED: dict[str, tuple[str, str]] = {
     "specdeploy_gate_verdict": ("gauge", "1 for the gate's current verdict"),
     "specdeploy_gate_failed_requests": ("gauge", "Requests that failed during the gate's last measurement"),
     "specdeploy_gate_timestamp_seconds": ("gauge", "When the gate last ran"),
+    "specdeploy_group_rank_joined": ("gauge", "On a serving group's leader, per other rank: 1 while that rank holds a "
+                                     "connection to the leader's rendezvous port, 0 when it holds none (it went "
+                                     "away: the group cannot serve, though the leader's health check still "
+                                     "answers until its next step)"),
 }
 
 

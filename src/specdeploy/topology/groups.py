@@ -125,7 +125,8 @@ def resolve(members: list[Member]) -> dict[str, Rank]:
                 address=_dist_address(m), port=hv.specdeploy_dist_port, gpus=hv.profile().gpu_count,
                 tp_per_dp=hv.specdeploy_tensor_parallel_size or 1, role=hv.specdeploy_pd_role,
                 interface=hv.specdeploy_dist_interface, pd_port=hv.specdeploy_pd_port,
-                transfer=hv.specdeploy_kv_transfer)
+                transfer=hv.specdeploy_kv_transfer,
+                addresses=tuple(_dist_address(x) for x in ms) if hv.specdeploy_topology != "pd" else ())
     if problems:
         raise SpecdeployError(problems)
     return out

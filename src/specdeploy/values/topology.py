@@ -41,6 +41,7 @@ class Rank:
     interface: str | None = None  # the network interface NCCL and Gloo use between hosts
     pd_port: int = 0            # pd: the KV-transfer side channel (SGLang's bootstrap port, NIXL's side channel)
     transfer: str = "nixl"      # pd: the KV-transfer backend
+    addresses: tuple[str, ...] = ()  # tp, dp_ep: where the group's ranks are reached, in rank order
 
     @property
     def size(self) -> int:
@@ -71,4 +72,4 @@ class Rank:
         return {"layout": self.layout, "group": self.group, "rank": self.index, "hosts": list(self.hosts),
                 "leader": self.hosts[0], "leader_address": self.leader_address, "address": self.address,
                 "port": self.port, "gpus": self.gpus, "world": self.world, "role": self.role,
-                "interface": self.interface}
+                "interface": self.interface, "addresses": list(self.addresses)}
