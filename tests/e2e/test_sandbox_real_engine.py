@@ -189,3 +189,36 @@ def test_real_vllm_serves_one_model_across_two_sandbox_hosts_as_a_tp_group(group
     assert after["vllm:spec_decode_num_drafts_total"] > before.get("vllm:spec_decode_num_drafts_total", 0)
     with pytest.raises(OSError):  # headless: no API server on the follower
         urllib.request.urlopen(f"http://{H2}:8000/health", timeout=5)
+    follower_lost_is_seen_by_the_leaders_exporter_and_status(group_inv)
+
+
+def joined_on_leader() -> dict[str, float]:
+    page = urllib.request.urlopen(f"http://{H1}:9450/metrics", timeout=30).read().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^specdeploy_group_rank_joined\{[^}]*rank_host="([^"]+)"[^}]*\} (\S+)$', page, re.M)}
+
+
+def group_rows(inv) -> dict[str, dict]:
+    st = subprocess.run([sys.executable, "-m", "specdeploy.cli", "status", "-i", str(inv), "--json", "--timeout", "5"],
+                        capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert st.returncode in (0, 1), st.stderr
+    return {h["host"]: h for h in json.loads(st.stdout)["hosts"]}
+
+
+def follower_lost_is_seen_by_the_leaders_exporter_and_status(inv):
+    """The real engine's follower holds its connection to the leader's rendezvous port while the group serves; the
+    leader's exporter reads it from the kernel's tables, so a follower that goes away shows at once, while the
+    leader's engine still answers its health check (it notices at its next step)."""
+    assert joined_on_leader() == {"sdhost2": 1.0}
+    rows = group_rows(inv)
+    assert rows["sdhost2"].get("joined") is True and rows["sdhost2"].get("up") is True, rows["sdhost2"]
+    assert not rows["sdhost1"].get("group_state"), rows["sdhost1"]
+    ssh("systemctl stop specdeploy-vllm.service", H2)
+    deadline = time.time() + 60
+    while joined_on_leader() != {"sdhost2": 0.0} and time.time() < deadline:
+        time.sleep(2)
+    assert joined_on_leader() == {"sdhost2": 0.0}
+    assert urllib.request.urlopen(f"http://{H1}:8000/health", timeout=10).status == 200  # the engine: not yet
+    rows = group_rows(inv)
+    assert rows["sdhost2"]["group_state"] == "rank lost" and rows["sdhost2"]["up"] is False, rows["sdhost2"]
+    assert rows["sdhost1"]["group_state"] == "group broken" and "sdhost2" in rows["sdhost1"]["error"], rows

@@ -58,7 +58,12 @@ def test_promtool_check_and_unit_tests(tmp_path):
                  {"series": 'specdeploy_gate_step_ratio{host="gpu-b",concurrency="8"}', "values": "1.7x40"},
                  {"series": 'specdeploy_gate_acceptance_length{host="gpu-b",concurrency="1"}', "values": "3.4x40"},
                  {"series": 'specdeploy_gate_step_ratio{host="gpu-d",concurrency="1"}', "values": "1.9x40"},
-                 {"series": 'specdeploy_gate_acceptance_length{host="gpu-d",concurrency="1"}', "values": "3.0x40"}],
+                 {"series": 'specdeploy_gate_acceptance_length{host="gpu-d",concurrency="1"}', "values": "3.0x40"},
+                 # a serving group led by gpu-e: rank 1 (gpu-f) leaves at minute 3; rank 2 (gpu-g) stays
+                 {"series": 'specdeploy_group_rank_joined{host="gpu-e",rank="1",rank_host="gpu-f"}',
+                  "values": "1 1 1 0 0 0 0"},
+                 {"series": 'specdeploy_group_rank_joined{host="gpu-e",rank="2",rank_host="gpu-g"}',
+                  "values": "1x6"}],
              "alert_rule_test": [
                  {"eval_time": "16m", "alertname": "SpecdeployLowAcceptanceLength",
                   "exp_alerts": [{"exp_labels": {"severity": "warning", "host": "gpu-a"},
@@ -103,6 +108,16 @@ def test_promtool_check_and_unit_tests(tmp_path):
                   "exp_alerts": [{"exp_labels": {"severity": "critical", "host": "gpu-c", "job": "specdeploy_engine"},
                                   "exp_annotations": {
                                       "summary": "Engine on gpu-c has not been ready for 1h (the deploy timeout)"}}]},
+                 {"eval_time": "3m", "alertname": "SpecdeployGroupRankLost", "exp_alerts": []},
+                 {"eval_time": "4m", "alertname": "SpecdeployGroupRankLost",
+                  "exp_alerts": [{"exp_labels": {"severity": "critical", "host": "gpu-e", "rank": "1",
+                                                 "rank_host": "gpu-f"},
+                                  "exp_annotations": {
+                                      "summary": "Rank 1 (gpu-f) left the serving group led by gpu-e",
+                                      "description": "It holds no connection to its leader's rendezvous port, so "
+                                                     "the group cannot serve: the leader still answers its health "
+                                                     "check, and its next request fails. Run `specdeploy triage "
+                                                     "--journal specdeploy-<engine>.service` on gpu-f."}}]},
                  {"eval_time": "6m", "alertname": "SpecdeployExporterInputInvalid", "exp_alerts": []},
                  {"eval_time": "7m", "alertname": "SpecdeployExporterInputInvalid",
                   "exp_alerts": [{"exp_labels": {"severity": "warning", "host": "gpu-b", "file": "gate"},
