@@ -93,13 +93,15 @@ def start_sim(engine: str, host: str, port: int, env_extra: dict | None = None, 
 
 
 def start_exporter(engine: str, engine_url: str, host: str, port: int, window: float = 60,
-                   gate_file: Path | None = None, info: tuple[str, ...] = ()) -> subprocess.Popen:
+                   gate_file: Path | None = None, info: tuple[str, ...] = (),
+                   extra: tuple[str, ...] = ()) -> subprocess.Popen:
     args = [sys.executable, "-m", "specdeploy.cli", "exporter", "--engine", engine, "--engine-url", engine_url,
             "--listen", f"{host}:{port}", "--window", str(window), "--info", "version=test"]
     for kv in info:
         args += ["--info", kv]
     if gate_file:
         args += ["--gate-file", str(gate_file)]
+    args += list(extra)
     p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_http(f"http://{host}:{port}/metrics")
     return p

@@ -68,6 +68,8 @@ def panels() -> list[tuple[str, str, str, list[tuple[str, str]]]]:
         ("Serving", "Running / waiting requests", "short",
          [("{{host}} running", M.q_running()), ("{{host}} waiting", M.q_waiting())]),
         ("Serving", "KV cache usage", "percentunit", [("{{host}}", M.q_kv())]),
+        ("Serving", "Serving groups: ranks joined to their leader (0: the group cannot serve)", "none",
+         [("{{host}} rank {{rank}} ({{rank_host}})", "specdeploy_group_rank_joined")]),
         ("GPU (DCGM)", "GPU utilization", "percent", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_GPU_UTIL")]),
         ("GPU (DCGM)", "GPU memory used", "mbytes", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_FB_USED")]),
         ("GPU (DCGM)", "GPU power", "watt", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_POWER_USAGE")]),

@@ -3,6 +3,7 @@
 import http.server
 import json
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -167,12 +168,22 @@ def test_every_panel_returns_data_from_real_prometheus(tmp_path):
     dcgm = http.server.ThreadingHTTPServer(("127.0.0.2", dcgm_port), type("D", (_Static,), {
         "body": (REPO / "tests/data/dcgm-sample.prom").read_bytes()}))
     threading.Thread(target=dcgm.serve_forever, daemon=True).start()
+    # the vLLM host leads a serving group of three: rank 1 (127.0.0.6) holds a connection to its rendezvous port,
+    # rank 2 (127.0.0.7) none
+    rdv_port = free_port("127.0.0.2")
+    rdv = socket.create_server(("127.0.0.2", rdv_port))
+    rank1 = socket.socket()
+    rank1.bind(("127.0.0.6", 0))
+    rank1.connect(("127.0.0.2", rdv_port))
+    group = ("--group-port", str(rdv_port), "--group-rank", "rank1-host=127.0.0.6", "--group-rank",
+             "rank2-host=127.0.0.7")
     try:
         for engine, addr in hosts.items():
             ep, xp = free_port(addr), free_port(addr)
             procs.append(start_sim(engine, addr, ep))
             procs.append(start_exporter(engine, f"http://{addr}:{ep}", addr, xp, gate_file=gate,
-                                        info=("spec_tokens=3",)))  # the sims draft k=3, as the unit would say
+                                        info=("spec_tokens=3",),  # the sims draft k=3, as the unit would say
+                                        extra=group if engine == "vllm" else ()))
             targets.append({"host": f"{engine}-host", "address": addr, "engine": engine, "engine_port": ep,
                             "exporter_port": xp, "dcgm_port": dcgm_port, "node_port": node_port})
         rules = tmp_path / "rules.yml"
@@ -206,6 +217,11 @@ def test_every_panel_returns_data_from_real_prometheus(tmp_path):
         assert pred == {(h, routing): v for h in ("vllm-host", "sglang-host")
                         for routing, v in (("local", 1.25), ("uniform", 1.71))}
         assert {float(r["value"][1]) for r in _query(base, M.Q_BREAKEVEN_MEASURED)["data"]["result"]} == {1.3}
+        joined = {(r["metric"]["host"], r["metric"]["rank"], r["metric"]["rank_host"]): float(r["value"][1])
+                  for r in _query(base, "specdeploy_group_rank_joined")["data"]["result"]}
+        assert joined == {("vllm-host", "1", "rank1-host"): 1.0, ("vllm-host", "2", "rank2-host"): 0.0}
     finally:
         stop(*procs)
         dcgm.shutdown()
+        rank1.close()
+        rdv.close()
