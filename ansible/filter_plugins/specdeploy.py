@@ -435,4 +435,4 @@ def specdeploy_converged_args(variables, host, group_names, playbook_dir, hostva
     own = {k: _plain(variables[k]) for k in ("router_venv", "monitoring_prometheus_url", "inference_engine_state",
                                              "monitoring_prometheus_dir", "monitoring_grafana_provisioning_dir",
                                              "monitoring_grafana_dashboards_dir") if k in variables}
-    return check_args(own, list(group_names), defaults, engine)
+    return check_args(own, list(group_names), defaults, engine, host=host)

@@ -9,6 +9,12 @@ the record, and probes the health URLs. Anything different (or any doubt) and th
 
 Controller side: :func:`inputs_digest`, :func:`check_args`. Host side: this file run as a plain script with the
 host's python3 (standard library only): ``python3 - check|record --state FILE --digest D [--root P]... ``.
+
+Each inventory host keeps its own record (``RECORDS/<host>.json``, :func:`state_path`): two inventory names on one
+machine (an engine host that is also the monitoring host) check, remove and write their records at the same time,
+and one record file for both raced (a check removed the record the other had just removed). The records' directory
+is never part of a snapshot, and a file that vanishes while a snapshot walks past it (another writer's temporary
+file) is left out rather than failing the check.
 """
 from __future__ import annotations
 
@@ -17,12 +23,14 @@ import glob
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
 import urllib.request
 
-STATE = "/var/lib/specdeploy/converged.json"
+RECORDS = "/var/lib/specdeploy/converged"
+LEGACY_STATE = "/var/lib/specdeploy/converged.json"  # one record per machine, written by earlier releases
 BIG = 64 << 20  # larger files (weights, converted drafters) are fingerprinted by size and mtime, as the deploy does
 # role defaults whose directories hold files the deploy writes (read from ansible/roles/*/defaults/main/role.yml)
 ROOT_DEFAULTS = {"engine": ["inference_engine_state"], "router": ["router_venv"],
@@ -102,14 +110,24 @@ def role_defaults(roles_dir: str, resolve=None) -> dict[str, str]:
     return out
 
 
-def check_args(variables: dict, groups: list[str], defaults: dict[str, str], engine: dict | None) -> list[str]:
-    """Arguments of the host-side snapshot: managed roots, weight links, venv markers, health URLs.
-    ``engine``: the host's validated engine variables (None when it serves no engine)."""
+def state_path(host: str) -> str:
+    """The record of one inventory host: its name made safe for a file name, with a hash of the name itself so
+    that two names that map to one safe name keep two records."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)[:64].lstrip(".") or "_"
+    return f"{RECORDS}/{safe}-{hashlib.sha256(host.encode()).hexdigest()[:8]}.json"
+
+
+def check_args(variables: dict, groups: list[str], defaults: dict[str, str], engine: dict | None,
+               host: str | None = None) -> list[str]:
+    """Arguments of the host-side snapshot: managed roots, weight links, venv markers, health URLs, and where
+    ``host``'s record lives. ``engine``: the host's validated engine variables (None when it serves no engine)."""
     def var(name: str) -> str:
         v = variables.get(name)
         return str(v) if isinstance(v, str) and v else defaults[name]
     roots = list(FIXED_ROOTS)
     args: list[str] = ["--unit", "prometheus-node-exporter.service"]
+    if host is not None:
+        args += ["--state", state_path(host)]
     if engine is not None:
         roots += [var(n) for n in ROOT_DEFAULTS["engine"]]
         venv = engine["venv"]
@@ -156,22 +174,28 @@ def _entry(path: str) -> str:
 
 
 def _walk(root: str, skip: set[str], out: dict[str, str]) -> None:
+    def entry(path: str) -> None:
+        try:
+            out[path] = _entry(path)
+        except FileNotFoundError:  # gone while we walked past it (another writer's temporary file)
+            pass
+    skip = skip | {RECORDS, LEGACY_STATE}
     for top in sorted(glob.glob(root)) or [root]:
-        if top in skip or top == STATE:
+        if top in skip:
             continue
         if not os.path.lexists(top):
             out[top] = "missing"
             continue
-        out[top] = _entry(top)
+        entry(top)
         if os.path.islink(top) or not os.path.isdir(top):
             continue
         for d, dirs, files in os.walk(top):
             dirs[:] = sorted(x for x in dirs if x not in SKIP_NAMES and os.path.join(d, x) not in skip)
             for name in sorted(dirs) + sorted(files):
                 p = os.path.join(d, name)
-                if p in skip or p == STATE or name.endswith(".pyc"):
+                if p in skip or name.endswith(".pyc") or name.startswith(".converged."):
                     continue
-                out[p] = _entry(p)
+                entry(p)
 
 
 def _fingerprint(path: str) -> str:
@@ -243,7 +267,7 @@ def _diff(old: dict, new: dict, limit: int = 8) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="converged")
     ap.add_argument("action", choices=["check", "record"])
-    ap.add_argument("--state", default=STATE)
+    ap.add_argument("--state", default=LEGACY_STATE, help="this inventory host's record (state_path)")
     ap.add_argument("--digest", required=True)
     ap.add_argument("--root", action="append", default=[])
     ap.add_argument("--skip", action="append", default=[])
@@ -254,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reason", action="append", default=[], help="the controller already knows: run the full path")
     ap.add_argument("--keep", action="store_true", help="check: leave a stale record in place (--check runs)")
     a = ap.parse_args(argv)
-    snap = snapshot(a.root, a.skip, a.link, a.unit)
+    snap = snapshot(a.root, a.skip + [a.state], a.link, a.unit)
     if a.action == "record":
         if a.reason:
             print(json.dumps({"recorded": False, "reasons": a.reason}))
@@ -263,10 +287,14 @@ def main(argv: list[str] | None = None) -> int:
         if bad:  # a unit the deploy keeps running is down: record nothing, so the next run is a full one
             print(json.dumps({"recorded": False, "reasons": [f"unit {u} is not active" for u in bad]}))
             return 0
-        tmp = f"{a.state}.{os.getpid()}.tmp"  # one per writer: two records on one host must not race on one name
+        d, name = os.path.split(a.state)
+        os.makedirs(d, mode=0o755, exist_ok=True)
+        tmp = os.path.join(d, f".converged.{name}.{os.getpid()}.tmp")  # one per writer, never in a snapshot
         with open(tmp, "w") as f:
             json.dump({"digest": a.digest, **snap}, f, sort_keys=True)
         os.replace(tmp, a.state)
+        if a.state != LEGACY_STATE and os.path.lexists(LEGACY_STATE):
+            os.unlink(LEGACY_STATE)  # an earlier release's record (ours): no run reads it any more
         print(json.dumps({"recorded": True, "files": len(snap["files"]), "units": sorted(snap["units"])}))
         return 0
     reasons: list[str] = list(a.reason)
@@ -285,7 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         expects = a.expect + [""] * (len(a.url) - len(a.expect))
         reasons += [p for p in (_probe(u, e) for u, e in zip(a.url, expects)) if p]
     if reasons and old is not None and not a.keep:
-        os.unlink(a.state)  # the full deploy runs now; until it completes, no run may trust the old record
+        try:  # the full deploy runs now; until it completes, no run may trust the old record
+            os.unlink(a.state)
+        except FileNotFoundError:
+            pass
     print(json.dumps({"converged": not reasons, "reasons": reasons}))
     return 0
 

@@ -151,3 +151,43 @@ def test_check_args_follow_role_defaults_and_inventory_overrides():
     roots = [args[i + 1] for i, a in enumerate(args) if a == "--root"]
     assert "/srv/prom" in roots and defaults["inference_engine_state"] in roots and "/etc/specdeploy" in roots
     assert "/models/m" in args and "http://127.0.0.1:9450/metrics" in args
+
+
+def test_two_inventory_hosts_on_one_machine_keep_their_own_records(host):
+    """An engine host that is also the monitoring host: both names check and record at once on one filesystem.
+    One record for both raced (a check removed a record the other had removed); now each has its own, and their
+    records and temporary files are never part of a snapshot."""
+    from concurrent.futures import ThreadPoolExecutor
+    d, args = host
+    records = d / "etc" / "converged"  # inside a managed root, as on a host (/var/lib/specdeploy/converged)
+    records.mkdir()
+    a, b = (records / Path(converged.state_path(h)).name for h in ("gpu-a", "mon-1"))
+    assert a != b and a.name.startswith("gpu-a-") and b.name.startswith("mon-1-")
+    assert converged.state_path("../x") != converged.state_path("_.x") and "/" not in Path(
+        converged.state_path("../x")).name
+    assert "--state" in converged.check_args({}, [], {"inference_engine_state": "/s"}, None, host="gpu-a")
+
+    def both(action: str, digest: str) -> list[dict]:
+        with ThreadPoolExecutor(2) as pool:
+            return list(pool.map(lambda s: run(action, s, digest, *args, "--skip", str(records)), (a, b)))
+
+    for i in range(5):  # each round: the inputs changed (both checks remove their record), then both record
+        assert [r["converged"] for r in both("check", f"D{i}")] == [False, False]
+        assert [r["recorded"] for r in both("record", f"D{i}")] == [True, True]
+        assert [r["converged"] for r in both("check", f"D{i}")] == [True, True]
+    assert sorted(p.name for p in records.iterdir()) == sorted([a.name, b.name])  # no temporary file left
+
+
+def test_a_file_that_vanishes_during_the_snapshot_is_left_out(tmp_path, monkeypatch):
+    (tmp_path / "keep").write_text("k")
+    (tmp_path / "gone").write_text("g")
+    real = converged._entry
+
+    def entry(p):
+        if p.endswith("gone"):
+            raise FileNotFoundError(p)
+        return real(p)
+    monkeypatch.setattr(converged, "_entry", entry)
+    out: dict[str, str] = {}
+    converged._walk(str(tmp_path), set(), out)
+    assert str(tmp_path / "keep") in out and str(tmp_path / "gone") not in out

@@ -45,7 +45,7 @@ def test_the_path_filter_answers_from_the_core_and_refuses_an_unknown_name():
 
 def test_the_host_scripts_repeat_the_core_paths():
     """converged runs on hosts with the standard library only, so it repeats these paths; they must agree."""
-    assert converged.STATE.startswith(STATE_DIR + "/")
+    assert converged.RECORDS.startswith(STATE_DIR + "/") and converged.LEGACY_STATE.startswith(STATE_DIR + "/")
     assert CONFIG_DIR in converged.FIXED_ROOTS and OPT_DIR in converged.FIXED_ROOTS
 
 
