@@ -65,8 +65,8 @@ _resolved: dict[str, str | None] = {}
 
 
 def resolve(address: str) -> str | None:
-    """An address as the kernel's tables show it: an IP as it is, a name looked up once (bounded by
-    RESOLVE_TIMEOUT_S; None when it does not resolve in time)."""
+    """An address as the kernel's tables show it: an IP as it is, a name looked up until it resolves, then
+    remembered (each lookup bounded by RESOLVE_TIMEOUT_S; None when it does not resolve in time)."""
     a = address.strip("[]")
     try:
         ip = ipaddress.ip_address(a)
@@ -84,8 +84,8 @@ def resolve(address: str) -> str | None:
         t = threading.Thread(target=look, daemon=True)
         t.start()
         t.join(RESOLVE_TIMEOUT_S)
-        if t.is_alive():
-            return None  # not remembered: asked again next time
+        if t.is_alive() or box[0] is None:
+            return None  # not remembered: asked again at the next scrape
         _resolved[a] = box[0]
     return _resolved[a]
 
