@@ -22,7 +22,8 @@ FLEETS = {"a": 1, "b": 5}  # fleet -> the number of its first host (sdhost1.., s
 
 
 def fleet_state(fleet: str) -> Path:
-    base = Path(os.environ.get("SPECDEPLOY_SANDBOX_STATE", "/var/lib/specdeploy-sandbox"))
+    from specdeploy.testing.sandbox import configured_state
+    base = configured_state()
     return base if fleet == "a" else base.with_name(f"{base.name}-{fleet}")
 
 

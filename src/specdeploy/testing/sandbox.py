@@ -23,7 +23,14 @@ from specdeploy.values.errors import Finding, SpecdeployError
 from specdeploy.testing import cache as _cache
 
 CACHE = Path(os.environ.get("SPECDEPLOY_SANDBOX_CACHE", "/var/cache/specdeploy"))
-STATE = Path(os.environ.get("SPECDEPLOY_SANDBOX_STATE", "/var/lib/specdeploy-sandbox"))
+
+
+def configured_state() -> Path:
+    """The state directory this process was given (SPECDEPLOY_SANDBOX_STATE), whatever STATE was set to since."""
+    return Path(os.environ.get("SPECDEPLOY_SANDBOX_STATE", "/var/lib/specdeploy-sandbox"))
+
+
+STATE = configured_state()
 MIRROR = os.environ.get("SPECDEPLOY_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "python3-pip", "iproute2",
             "ca-certificates", "rsync", "procps", "curl", "prometheus",
