@@ -251,7 +251,9 @@ def make_handler(sim: Sim):
                 if sim.behaviour.health_generates:
                     if not sim.ready:
                         return self._send(503, b"", "text/plain")
-                    sim.generate(1, 1)
+                    # a decode instance computes no prompt, its own health check's neither (SGLang runs it with a fake
+                    # bootstrap in PD mode)
+                    sim.generate(1, 1, prefill=sim.pd is None or sim.pd[0] != "decode")
                 return self._send(200, b"", "text/plain")
             if path == "/metrics":
                 if sim.behaviour.metrics_option and not sim.opts.get(sim.behaviour.metrics_option):

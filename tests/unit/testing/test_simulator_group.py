@@ -180,6 +180,15 @@ def test_prefill_and_decode_instances_hand_the_kv_over_by_room():
         metrics = {p: urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=5).read().decode()
                    for p in (pp, dp)}
         assert "sglang:prompt_tokens_total" in metrics[pp]
+        # the router's health checks of a decode instance compute no prompt there either
+        def decode_prompts():
+            page = urllib.request.urlopen(f"http://127.0.0.1:{dp}/metrics", timeout=5).read().decode()
+            return sum(float(x.rsplit(" ", 1)[1]) for x in page.splitlines()
+                       if x.startswith("sglang:prompt_tokens_total"))
+        seen = decode_prompts()
+        for _ in range(3):
+            assert urllib.request.urlopen(f"http://127.0.0.1:{dp}/health", timeout=10).status == 200
+        assert decode_prompts() == seen
         # without the router's room the instance refuses; a room no prefill offers fails the transfer
         assert _post(f"http://127.0.0.1:{dp}/v1/chat/completions", {**body, "bootstrap_room": None})[0] == 400
     finally:
