@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from specdeploy import engines
-from specdeploy.engines import Command, EngineAdapter, Health, Metrics, SimBehaviour, SimReject, Span
+from specdeploy.engines import Command, EngineAdapter, Health, Metrics, Pin, SimBehaviour, SimReject, Span, SpecMethod
 
 PREFIX = "toyserve"
 
@@ -91,6 +91,8 @@ class ToyServe(EngineAdapter):
     name = "toyserve"
     label = "ToyServe"
     versions = ("1.0.0", "1.1.0", "2.0.0")
+    pins = (Pin("1.1.0", "the first release that runs a draft model"),)
+    spec_methods = {"eagle3": SpecMethod("eagle3", "drafter")}  # its preflight refuses it before 1.1.0
     capabilities = {"draft_model": Span("1.1.0")}
     flags = {f: Span() for f in ("--model", "--served-name", "--host", "--port", "--tp", "--trust-remote-code",
                                  "--memory-fraction")} | {"--draft-config": Span("1.1.0"), "--no-p2p": Span()}

@@ -69,8 +69,11 @@ def parse_seconds(value: str) -> float | None:
 
 
 def engine_findings(hv: HostVars, target: TargetModel | None, drafter_fmt: str | None, rep: Report, host: str):
-    """What the pinned engine release does with this model and drafter (the adapter's preflight checks)."""
-    get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version).preflight(hv, target, drafter_fmt, rep, host)
+    """What the pinned engine release does with this model and drafter (the adapter's preflight checks), and
+    whether the target carries what a method that drafts with the target's own layers (MTP) needs."""
+    adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)
+    rep.extend(adapter.target_method_problems(hv, target, host))
+    adapter.preflight(hv, target, drafter_fmt, rep, host)
 
 
 def model_findings(hv: HostVars, target: TargetModel, rep: Report, host: str):
@@ -132,6 +135,11 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None, probe_pytho
         return rep
     prof = hv.profile()
     rep.add("info", "hardware", f"{prof.name}: {prof.description}", host=host)
+    rep.add("info", "engine release", hv.release_choice(), host=host)
+    if hv.specdeploy_spec_enabled and hv.specdeploy_drafter_path and not hv.uses_drafter:
+        rep.add("warning", "specdeploy_drafter_path", f"is not used: method {hv.specdeploy_spec_method} drafts "
+                "without a drafter checkpoint of its own, so it is neither staged nor converted",
+                "unset specdeploy_drafter_path, or use a method with a drafter (eagle3)", host)
     key = hv.specdeploy_api_key_file
     if key and not Path(key).is_file():
         rep.add("warning", "specdeploy_api_key_file", f"{key} does not exist on this machine; the deploy stops "
@@ -160,7 +168,7 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None, probe_pytho
         except SpecdeployError as exc:
             rep.extend(exc.problems)
     drafter_fmt = None
-    if hv.specdeploy_spec_enabled and hv.specdeploy_drafter_path:
+    if hv.uses_drafter:
         source_findings(hv, "drafter", rep, host, inv_dir)
         ddir = _local(hv.specdeploy_drafter_config_copy, hv.specdeploy_drafter_controller_path,
                       hv.specdeploy_drafter_path, inv_dir)
@@ -187,7 +195,7 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None, probe_pytho
     if probe_python is not None:  # the engine's own verdict (checks/probe.py), with that Python
         from specdeploy.checks.probe import preflight_findings
         ddir = _local(hv.specdeploy_drafter_config_copy, hv.specdeploy_drafter_controller_path,
-                      hv.specdeploy_drafter_path or "", inv_dir) if hv.specdeploy_drafter_path else None
+                      hv.specdeploy_drafter_path or "", inv_dir) if hv.uses_drafter else None
         preflight_findings(hv, tdir, ddir, rep, host, probe_python)
     return rep
 

@@ -314,7 +314,7 @@ def host_job(hv, probe_dir: str, host: str = "host", address: str | None = None,
     off = {"enabled": False, "script": "", "job": "", "argv": []}
     if not hv.specdeploy_engine_probe:
         return {**off, "why": "specdeploy_engine_probe is false"}
-    if not (hv.specdeploy_spec_enabled and hv.specdeploy_spec_method in ("eagle3", "eagle")):
+    if not hv.uses_drafter:
         return {**off, "why": "this release runs no EAGLE drafter to probe"}
     a = get(hv.specdeploy_engine)(hv.specdeploy_engine_version)
     script = a.probe_script()

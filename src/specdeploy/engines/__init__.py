@@ -16,16 +16,18 @@ from specdeploy.engines.base import (
     Health,
     Metrics,
     MiB,
+    Pin,
     SimBehaviour,
     SimReject,
     Span,
+    SpecMethod,
     UnsupportedVersion,
     dumps_compact,
     parse_version,
 )
 
-__all__ = ["AllReducePath", "Command", "CommContext", "EngineAdapter", "Health", "Metrics", "MiB", "SimBehaviour",
-           "SimReject", "Span", "UnsupportedVersion", "dumps_compact", "parse_version", "DEFAULT", "register",
+__all__ = ["AllReducePath", "Command", "CommContext", "EngineAdapter", "Health", "Metrics", "MiB", "Pin",
+           "SimBehaviour", "SimReject", "Span", "SpecMethod", "UnsupportedVersion", "dumps_compact", "parse_version", "DEFAULT", "register",
            "unregister", "get", "get_adapter", "names", "adapters"]
 
 # The engine a command uses when none is given (``sandbox up``, ``gate``).

@@ -92,6 +92,30 @@ class LoadLog:
     ready: Any = None
 
 
+@dataclass(frozen=True)
+class Pin:
+    """A release specdeploy deploys when the inventory pins none (``specdeploy_engine_version`` and
+    ``specdeploy_engine_versions`` unset): for hosts whose GPUs' compute capability starts with
+    ``compute_capability`` (None: any), with the reason the project pins it."""
+
+    version: str
+    reason: str
+    compute_capability: str | None = None
+
+
+@dataclass(frozen=True)
+class SpecMethod:
+    """A speculative method as one engine runs it: its name on the engine's command line, where its draft model
+    comes from (``drafter``: a separate checkpoint specdeploy stages and converts; ``target``: layers the target
+    checkpoint itself ships, read from its config key ``target_key``; ``none``: no model, e.g. n-gram lookup) and
+    the releases that take it."""
+
+    engine_name: str
+    draft: str  # drafter | target | none
+    span: Span = field(default_factory=Span)
+    target_key: str | None = None
+
+
 @dataclass
 class Command:
     argv: list[str]
@@ -110,6 +134,10 @@ class EngineAdapter:
     name: str = ""  # the inventory's specdeploy_engine value; also the metric prefix (``<name>:``)
     label: str = ""  # how messages name the engine
     versions: tuple[str, ...] = ()
+    # the release deployed when the inventory pins none, per hardware (first match wins; the last has no condition)
+    pins: tuple[Pin, ...] = ()
+    # specdeploy_spec_method -> how this engine runs it (``SpecMethod``)
+    spec_methods: dict[str, SpecMethod] = {}
     capabilities: dict[str, Span] = {}
     flags: dict[str, Span] = {}  # every flag the adapter may emit or accept in extra args
     load_formats: dict[str, Span] = {}  # --load-format choices for safetensors checkpoints, per version
@@ -181,6 +209,57 @@ class EngineAdapter:
             if a[0] == b[0]:
                 return a[0], a[1] + f" (in {lo[-1]} and {hi[0]}, the read releases around {self.version})"
         return None, f"{self.label} {self.version} was not read for EAGLE-3 target support"
+
+    @classmethod
+    def pinned(cls, profile) -> Pin:
+        """The release specdeploy deploys on hosts of ``profile`` when the inventory pins none."""
+        for pin in cls.pins:
+            if pin.compute_capability is None or profile.compute_capability.startswith(pin.compute_capability):
+                return pin
+        raise UnsupportedVersion(f"specdeploy pins no {cls.label or cls.name} release for {profile.name}")
+
+    @classmethod
+    def draft_source(cls, method: str) -> str:
+        """Where ``method``'s draft model comes from: ``drafter`` (a separate checkpoint specdeploy stages and
+        converts), ``target`` (the target's own layers) or ``none``; ``none`` for a method the engine lacks."""
+        m = cls.spec_methods.get(method)
+        return m.draft if m is not None else "none"
+
+    def uses_drafter(self, hv: HostVars) -> bool:
+        """Whether ``hv`` serves a separate drafter checkpoint (staged, converted, passed to the engine)."""
+        return bool(hv.specdeploy_spec_enabled and hv.specdeploy_drafter_path
+                    and self.draft_source(hv.specdeploy_spec_method) == "drafter")
+
+    def spec_method_problems(self, hv: HostVars, host: str | None) -> list[Finding]:
+        """The method is one this release runs."""
+        method = hv.specdeploy_spec_method
+        m = self.spec_methods.get(method)
+        if not hv.specdeploy_spec_enabled or (m is not None and m.span.contains(self.version)):
+            return []
+        valid = [k for k, x in self.spec_methods.items() if x.span.contains(self.version)]
+        why = (f"needs {self.label} {m.span.since} or later" if m is not None and m.span.since else
+               f"is not a speculative method {self.label} {self.version} runs")
+        return [Finding("error", "specdeploy_spec_method", f"'{method}' {why}",
+                        f"use one of: {', '.join(valid)}", host)]
+
+    def target_method_problems(self, hv: HostVars, target, host: str | None) -> list[Finding]:
+        """A method whose draft layers ship in the target (MTP): the target's config must declare them, under the
+        key the engine reads; the engine must also know the target's architecture (``target_method_archs``)."""
+        m = self.spec_methods.get(hv.specdeploy_spec_method)
+        if not hv.specdeploy_spec_enabled or m is None or m.draft != "target" or target is None:
+            return []
+        n = target.text.get(m.target_key) if m.target_key else None
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            have = "is 0" if n == 0 else "is missing" if n is None else f"is {n!r}"
+            return [Finding("error", "specdeploy_spec_method",
+                            f"'{hv.specdeploy_spec_method}' drafts with the target's own MTP layers, but the target "
+                            f"ships none: {m.target_key} in its config.json {have} ({', '.join(target.architectures)})",
+                            "serve this target with a separate drafter (specdeploy_spec_method: eagle3 and "
+                            "specdeploy_drafter_path), or without speculation", host)]
+        return self.target_method_arch_problems(hv, target, host)
+
+    def target_method_arch_problems(self, hv: HostVars, target, host: str | None) -> list[Finding]:
+        return []
 
     def has(self, capability: str) -> bool:
         return self.capabilities[capability].contains(self.version)
@@ -327,8 +406,8 @@ class EngineAdapter:
         return span is not None and span.contains(self.version)
 
     def validate_extras(self, hv: HostVars, host: str | None) -> list[Finding]:
-        out = self.spec_config_problems(hv, host) + self.k_by_batch_problems(hv, host)
-        out += self.layout_problems(hv, host)
+        out = self.spec_method_problems(hv, host) + self.spec_config_problems(hv, host)
+        out += self.k_by_batch_problems(hv, host) + self.layout_problems(hv, host)
         fmt = hv.specdeploy_load_format
         if fmt and not self.load_format_ok(fmt):
             valid = sorted(f for f in self.load_formats if self.load_format_ok(f))

@@ -18,8 +18,11 @@ from specdeploy.engines.base import (
     Health,
     Metrics,
     SimBehaviour,
+    Pin,
     SimReject,
     Span,
+    SpecMethod,
+    parse_version,
 )
 
 VERSIONS = (
@@ -155,7 +158,33 @@ DRAFTER = {
     "tied_lm_head_is_embedding": Span("0.5.11"),
 }
 
-ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "mtp": "NEXTN", "ngram": "NGRAM"}
+# specdeploy_spec_method -> --speculative-algorithm. NEXTN (mtp) is EAGLE over the target's own MTP layers: for the
+# architectures in MTP_TARGETS, server_args sets --speculative-draft-model-path to --model-path when it is not given,
+# and the draft model config turns DeepseekV3ForCausalLM into DeepseekV3ForCausalLMNextN.
+SPEC_METHODS = {
+    "eagle3": SpecMethod("EAGLE3", "drafter"),
+    "eagle": SpecMethod("EAGLE", "drafter"),
+    "mtp": SpecMethod("NEXTN", "target", target_key="num_nextn_predict_layers"),
+    "ngram": SpecMethod("NGRAM", "none"),
+}
+# The target architectures whose MTP draft path server_args defaults to the target's (read in 0.5.10's
+# ServerArgs._handle_speculative_decoding and 0.5.23's arg_groups/speculative_hook.py); the Kimi-K2.5 wrapper
+# (KimiK25ForConditionalGeneration) is in neither.
+MTP_TARGETS_READ = ("0.5.10", "0.5.23")
+_MTP_BOTH = ("DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM",
+             "GlmMoeDsaForCausalLM", "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM", "BailingMoeV2_5ForCausalLM",
+             "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration")
+MTP_TARGETS = {**{a: Span("0.5.10") for a in _MTP_BOTH},
+               **{a: Span("0.5.23") for a in ("DeepseekV4ForCausalLM", "HYV3ForCausalLM", "HYV4ForCausalLM",
+                                              "Qwen4ExpForConditionalGeneration")}}
+
+# The release deployed when the inventory pins none (specdeploy_engine_versions / specdeploy_engine_version).
+PINS = (
+    Pin("0.5.23", "the newest release specdeploy reads and the sandbox plays; the Kimi-K2.5 wrapper "
+        "(KimiK25ForConditionalGeneration) is an EAGLE-3 target from 0.5.10, MLA EAGLE-3 heads load from 0.5.12, and "
+        "DP attention takes --attn-dp-size from 0.5.22. On SM120 specdeploy sets the attention backend explicitly "
+        "(the default MLA kernels are SM90/SM100 only) and turns custom all-reduce off on PCIe"),
+)
 
 
 # CUDA of the official image per release (``ARG CUDA_VERSION=`` in docker/Dockerfile at that release).
@@ -184,6 +213,8 @@ class SGLang(EngineAdapter):
     eagle3_targets_read = e3.SGLANG_READ
     eagle3_interface = "set_eagle3_layers_to_capture"
     versions = VERSIONS
+    pins = PINS
+    spec_methods = SPEC_METHODS
     capabilities = CAPABILITIES
     flags = FLAGS
     layouts = LAYOUTS
@@ -249,8 +280,8 @@ class SGLang(EngineAdapter):
         topk = int(extra.pop("eagle_topk", 1))
         steps = int(extra.pop("num_steps", k))
         draft_tokens = int(extra.pop("num_draft_tokens", steps + 1 if topk == 1 else k + 1))
-        argv = ["--speculative-algorithm", ALGORITHMS[hv.specdeploy_spec_method]]
-        if drafter_path and hv.specdeploy_spec_method in ("eagle3", "eagle"):
+        argv = ["--speculative-algorithm", SPEC_METHODS[hv.specdeploy_spec_method].engine_name]
+        if drafter_path and self.uses_drafter(hv):  # NEXTN: the engine takes the target's own path
             argv += ["--speculative-draft-model-path", drafter_path]
         if hv.specdeploy_spec_method != "ngram":
             argv += ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
@@ -258,6 +289,26 @@ class SGLang(EngineAdapter):
         for key, v in extra.items():
             argv += ["--speculative-" + key.replace("_", "-"), str(v)]
         return argv
+
+    def target_method_arch_problems(self, hv, target, host):
+        arch = (target.architectures or [""])[0]
+        v = parse_version(self.version)
+        read = sorted(MTP_TARGETS_READ, key=parse_version)
+        lo = [r for r in read if parse_version(r) <= v]
+        hi = [r for r in read if parse_version(r) >= v]
+        span = MTP_TARGETS.get(arch)
+        if lo and hi:  # a read release, or one between two read releases that agree
+            at = {r: span is not None and span.contains(r) for r in (lo[-1], hi[0])}
+            if all(at.values()):
+                return []
+            if not any(at.values()):
+                return [Finding("error", "specdeploy_spec_method", f"SGLang {self.version} finds the MTP (NEXTN) "
+                                f"draft layers in the target only for {', '.join(sorted(MTP_TARGETS))}, not {arch}: "
+                                "without --speculative-draft-model-path it has no draft model",
+                                "serve this target with a separate drafter (eagle3), or without speculation", host)]
+        return [Finding("warning", "specdeploy_spec_method", f"whether SGLang {self.version} finds MTP draft layers in "
+                        f"{arch} was not read (read: {', '.join(read)})",
+                        "check the release's speculative-decoding argument handling", host)]
 
     def allreduce_paths(self, ctx: CommContext) -> list[AllReducePath]:
         out = []

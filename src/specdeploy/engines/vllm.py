@@ -34,6 +34,9 @@ from specdeploy.engines.vllm_tables import (  # noqa: F401 (re-exported: the ada
     LOAD_FORMATS,
     DRAFTER,
     SPEC_METHODS,
+    MTP_MODEL_TYPES,
+    MTP_MODEL_TYPES_READ,
+    PINS,
     KIMI_EAGLE3_PATCHES,
     IMAGE_CUDA,
     CPU_BUILDS,
@@ -61,6 +64,8 @@ class VLLM(EngineAdapter):
     eagle3_whitelist_span = e3.VLLM_WHITELIST_SPAN
     eagle3_interface = "SupportsEagle3"
     versions = VERSIONS
+    pins = PINS
+    spec_methods = SPEC_METHODS
     capabilities = CAPABILITIES
     flags = FLAGS
     layouts = LAYOUTS
@@ -92,10 +97,10 @@ class VLLM(EngineAdapter):
     )
 
     def spec_config(self, hv, drafter_path: str | None) -> dict:
-        cfg = {"method": SPEC_METHODS[hv.specdeploy_spec_method],
+        cfg = {"method": SPEC_METHODS[hv.specdeploy_spec_method].engine_name,
                "num_speculative_tokens": hv.specdeploy_spec_num_tokens}
-        if drafter_path and hv.specdeploy_spec_method in ("eagle3", "eagle", "mtp"):
-            cfg["model"] = drafter_path
+        if drafter_path and self.uses_drafter(hv):
+            cfg["model"] = drafter_path  # mtp: none, the engine takes the target's own MTP layers
         if hv.specdeploy_spec_k_by_batch and self.takes_k_by_batch():
             cfg["num_speculative_tokens_per_batch_size"] = k_schedule(hv.specdeploy_spec_k_by_batch)
         cfg.update(hv.specdeploy_spec_config_extra)
@@ -117,6 +122,21 @@ class VLLM(EngineAdapter):
                                    f"'{key}' {why}; vLLM {self.version} rejects unknown keys at startup",
                                    f"remove it; keys valid on {self.version}: {', '.join(valid)}", host))
         return out
+
+    def target_method_arch_problems(self, hv, target, host):
+        mt = target.model_type
+        span = MTP_MODEL_TYPES.get(mt)
+        if span is not None and span.contains(self.version):
+            return []
+        read = MTP_MODEL_TYPES_READ
+        if span is None and self.version in read:
+            return [Finding("error", "specdeploy_spec_method", f"vLLM {self.version} builds an MTP drafter only for "
+                            f"the model types its speculative config maps ({', '.join(MTP_MODEL_TYPES)}), not "
+                            f"'{mt}'", "serve this target with a separate drafter (eagle3), or without speculation",
+                            host)]
+        return [Finding("warning", "specdeploy_spec_method", f"whether vLLM {self.version} builds an MTP drafter for "
+                        f"model_type '{mt}' was not read (read: {', '.join(read)})",
+                        "check the release's SpeculativeConfig.hf_config_override", host)]
 
     def allreduce_paths(self, ctx: CommContext) -> list[AllReducePath]:
         out = []
@@ -258,7 +278,8 @@ class VLLM(EngineAdapter):
         if "--speculative-config" not in argv or len(argv) < 3:
             return None
         spec = json.loads(argv[argv.index("--speculative-config") + 1])
-        if not isinstance(spec, dict) or not spec.get("model") or spec.get("method") not in ("eagle3", "eagle"):
+        drafted = {m.engine_name for m in SPEC_METHODS.values() if m.draft == "drafter"}
+        if not isinstance(spec, dict) or not spec.get("model") or spec.get("method") not in drafted:
             return None
 
         def value(flag):

@@ -3,7 +3,7 @@ all-reduce paths in front of NCCL, load formats, how it loads an EAGLE-3 drafter
 The adapter (``engines/vllm.py``) answers from these tables; the contract tests check them against the sources."""
 from __future__ import annotations
 
-from specdeploy.engines.base import MiB, Span
+from specdeploy.engines.base import MiB, Pin, Span, SpecMethod
 
 VERSIONS = (
     "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2",
@@ -189,7 +189,28 @@ DRAFTER = {
     # tie_word_embeddings is not read by the EAGLE-3 head (it always builds its own lm_head).
 }
 
-SPEC_METHODS = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
+# specdeploy_spec_method -> the speculative config's method. ``mtp`` (in MTPModelTypes of 0.16.0 and 0.32.0) drafts
+# with the target's own MTP layers: with no ``model`` the config takes the target's (``self.model is None`` ->
+# ``target_model_config.model``), and hf_config_override turns the target's config into the MTP model's, with
+# ``n_predict`` from ``num_nextn_predict_layers``.
+SPEC_METHODS = {
+    "eagle3": SpecMethod("eagle3", "drafter"),
+    "eagle": SpecMethod("eagle", "drafter"),
+    "mtp": SpecMethod("mtp", "target", target_key="num_nextn_predict_layers"),
+    "ngram": SpecMethod("ngram", "none"),
+}
+# The target model types whose config SpeculativeConfig.hf_config_override turns into an MTP drafter's
+# (``model_type = "deepseek_mtp"``), read in 0.16.0 and 0.32.0; the Kimi-K2.5 wrapper (kimi_k25) is not among them.
+MTP_MODEL_TYPES = {"deepseek_v3": Span("0.16.0"), "deepseek_v32": Span("0.16.0")}
+MTP_MODEL_TYPES_READ = ("0.16.0", "0.32.0")
+
+# The release deployed when the inventory pins none (specdeploy_engine_versions / specdeploy_engine_version).
+PINS = (
+    Pin("0.32.0", "the newest release the real-engine tests run (EAGLE-3 end to end on its CPU build); Kimi-K2.5 "
+        "and DeepSeek-V3 serve as EAGLE-3 targets without patches from 0.18.0, MLA EAGLE-3 heads load from 0.18.0, "
+        "and a speculation length per load band is taken from 0.24.0. Its official image builds SM 12.0 kernels; "
+        "on SM120 specdeploy sets TRITON_MLA, the MLA backend vLLM's CUDA platform puts first for major 12"),
+)
 
 
 # Patches for Kimi-K2.5 / DeepSeek EAGLE-3 before 0.18.0 (see specdeploy.engines.patches.vllm).

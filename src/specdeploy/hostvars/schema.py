@@ -11,7 +11,7 @@ import re
 import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from specdeploy.values.errors import Finding, SpecdeployError
@@ -123,8 +123,15 @@ class HostVars(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     specdeploy_engine: str = Field(description="Serving engine: `vllm` or `sglang`.")
-    specdeploy_engine_version: str = Field(
-        description="Pinned engine version, e.g. `0.16.0`, `0.33.0` (vLLM) or `0.5.23` (SGLang).")
+    specdeploy_engine_versions: dict[str, str] = Field(
+        default_factory=dict, description="Each engine's pinned release, by engine name, e.g. `{vllm: '0.32.0', "
+        "sglang: '0.5.23'}`: changing `specdeploy_engine` alone switches to the other engine's release. An engine "
+        "not listed gets the release specdeploy pins for it on the host's hardware (docs/variables.md, "
+        "\"Engine releases\"); `specdeploy preflight` says which release it chose and why.")
+    specdeploy_engine_version: str | None = Field(
+        None, description="Override: the release of whichever engine `specdeploy_engine` names, e.g. `0.16.0` "
+        "(vLLM) or `0.5.23` (SGLang). It beats `specdeploy_engine_versions` and must be changed with the engine; "
+        "prefer `specdeploy_engine_versions`.")
     specdeploy_engine_patches: Literal["auto", "none"] = Field(
         "auto", description="`auto` applies the patch set the engine version needs; `none` applies nothing.")
     specdeploy_runtime: Literal["docker", "venv"] = Field(
@@ -324,6 +331,53 @@ class HostVars(BaseModel):
             raise ValueError(f"'{v}' is not a release version like 0.16.0")
         return v
 
+    @field_validator("specdeploy_engine_versions")
+    @classmethod
+    def _versions_shape(cls, v: dict[str, str]) -> dict[str, str]:
+        from specdeploy.engines import names
+        for engine, version in v.items():
+            if engine not in names():
+                raise PydanticCustomError("unknown_engine", "{engine} is not an engine; engines: {known}",
+                                          {"engine": repr(engine), "known": ", ".join(names())})
+            cls._version_shape(version)
+        return v
+
+    _version_from: str = PrivateAttr("specdeploy_engine_version")
+
+    @model_validator(mode="after")
+    def _pin_release(self):
+        """The engine's release: the override, else the inventory's per-engine pin, else the project's pin for this
+        hardware (the adapter's ``pins``)."""
+        if self.specdeploy_engine_version is not None:
+            self._version_from = "specdeploy_engine_version"
+        elif self.specdeploy_engine in self.specdeploy_engine_versions:
+            self.specdeploy_engine_version = self.specdeploy_engine_versions[self.specdeploy_engine]
+            self._version_from = f"specdeploy_engine_versions.{self.specdeploy_engine}"
+        elif self.specdeploy_hardware != "custom" or self.specdeploy_hardware_custom is not None:
+            from specdeploy.engines import get
+            self.specdeploy_engine_version = get(self.specdeploy_engine).pinned(self.profile()).version
+            self._version_from = "pinned"
+        return self
+
+    def release_choice(self) -> str:
+        """Which release of the engine this host runs, and why (``specdeploy preflight`` shows it)."""
+        from specdeploy.engines import get
+        cls = get(self.specdeploy_engine)
+        what = f"{cls.label} {self.specdeploy_engine_version}"
+        if self._version_from != "pinned":
+            return f"{what}, from {self._version_from}"
+        pin = cls.pinned(self.profile())
+        return f"{what}, the release specdeploy pins for {self.specdeploy_engine} on {self.specdeploy_hardware} " \
+            f"(neither specdeploy_engine_version nor specdeploy_engine_versions.{self.specdeploy_engine} is set): " \
+            f"{pin.reason}"
+
+    @property
+    def uses_drafter(self) -> bool:
+        """Whether this host serves a separate drafter checkpoint (the adapter's answer for the method)."""
+        from specdeploy.engines import get
+        return bool(self.specdeploy_spec_enabled and self.specdeploy_drafter_path
+                    and get(self.specdeploy_engine).draft_source(self.specdeploy_spec_method) == "drafter")
+
     @model_validator(mode="after")
     def _cross_field(self):
         if self.specdeploy_hardware == "custom" and self.specdeploy_hardware_custom is None:
@@ -349,8 +403,7 @@ class HostVars(BaseModel):
         out = [{"kind": "model", "path": self.specdeploy_model_path, "source": self.specdeploy_model_source,
                 "controller": self.specdeploy_model_controller_path, "shared": self.specdeploy_model_shared_path,
                 "manifest": self.specdeploy_model_sha256_manifest}]
-        if self.specdeploy_spec_enabled and self.specdeploy_spec_method in ("eagle3", "eagle") \
-                and self.specdeploy_drafter_path:
+        if self.uses_drafter:
             out.append({"kind": "drafter", "path": self.specdeploy_drafter_path, "source": self.drafter_source,
                         "controller": self.specdeploy_drafter_controller_path,
                         "shared": self.specdeploy_drafter_shared_path,
@@ -451,7 +504,8 @@ def semantic_problems(host: str, hv: HostVars) -> list[Finding]:
         out.append(Finding("error", "specdeploy_tensor_parallel_size",
                            f"TP {hv.tp} is larger than the {prof.gpu_count} GPUs of profile {prof.name}",
                            f"set specdeploy_tensor_parallel_size to at most {prof.gpu_count}", host))
-    if (hv.specdeploy_spec_enabled and hv.specdeploy_spec_method in ("eagle3", "eagle")
+    from specdeploy.engines import get
+    if (hv.specdeploy_spec_enabled and get(hv.specdeploy_engine).draft_source(hv.specdeploy_spec_method) == "drafter"
             and not hv.specdeploy_drafter_path):
         out.append(Finding("error", "specdeploy_drafter_path",
                            f"speculation is enabled with method {hv.specdeploy_spec_method} but no drafter is set",
@@ -465,11 +519,33 @@ def semantic_problems(host: str, hv: HostVars) -> list[Finding]:
     try:
         adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)
     except UnsupportedVersion as exc:
-        out.append(Finding("error", "specdeploy_engine_version", str(exc),
-                           "pin one of the supported versions", host))
+        out.append(release_problem(host, hv, exc))
         return out
     out.extend(adapter.validate_extras(hv, host))
     return out
+
+
+def release_problem(host: str, hv: HostVars, exc: Exception) -> Finding:
+    """A release the engine does not have, named by the variable it came from; an override that is another
+    engine's release (left over from an engine switch) says so."""
+    from specdeploy.engines import adapters
+    where = hv._version_from
+    other = [a.label for a in adapters() if a.name != hv.specdeploy_engine and hv.specdeploy_engine_version in a.versions]
+    if where == "specdeploy_engine_version" and other:
+        return Finding("error", where, f"{hv.specdeploy_engine_version} is a {other[0]} release, but "
+                       f"specdeploy_engine is {hv.specdeploy_engine}: the override applies to whichever engine is "
+                       "chosen", f"remove specdeploy_engine_version and keep each engine's release in "
+                       f"specdeploy_engine_versions (e.g. {hv.specdeploy_engine}: "
+                       f"{_pinned_text(hv)}), or pin a {hv.specdeploy_engine} release", host)
+    return Finding("error", where, str(exc), "pin one of the supported versions", host)
+
+
+def _pinned_text(hv: HostVars) -> str:
+    from specdeploy.engines import get
+    try:
+        return repr(get(hv.specdeploy_engine).pinned(hv.profile()).version)
+    except Exception:  # noqa: BLE001 - only a hint
+        return "'<release>'"
 
 
 def k_by_batch_problems(host: str, hv: HostVars) -> list[Finding]:

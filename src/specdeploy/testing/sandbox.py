@@ -18,6 +18,7 @@ from pathlib import Path
 from specdeploy.values.hostpaths import SANDBOX_BASE_ARCHIVE
 
 from specdeploy.engines import DEFAULT as DEFAULT_ENGINE
+from specdeploy.engines import adapters as engine_adapters
 from specdeploy.engines import get as get_engine
 from specdeploy.values.errors import Finding, SpecdeployError
 from specdeploy.testing import cache as _cache
@@ -525,7 +526,8 @@ def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = DEFAULT_
         "specdeploy_sandbox": True,
         "specdeploy_runtime": runtime,
         "specdeploy_engine": engine,
-        "specdeploy_engine_version": get_engine(engine).sandbox_version,
+        # each engine's release: editing specdeploy_engine alone switches the hosts to the other engine
+        "specdeploy_engine_versions": {e.name: e.sandbox_version for e in engine_adapters()},
         "specdeploy_hardware": "rtx_pro_6000_pcie",
         "specdeploy_model_path": "/models/kimi-k2.5-int4",
         "specdeploy_model_source": "controller",
@@ -545,7 +547,8 @@ def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = DEFAULT_
     elif runtime == "docker":
         gv["engine_image_sandbox_base"] = base_image_tag(rootfs_path())
     (dest / "group_vars" / "specdeploy_engines.yml").write_text(
-        "---\n# Written by `specdeploy sandbox up`; edit freely (e.g. specdeploy_engine: sglang).\n"
+        "---\n# Written by `specdeploy sandbox up`; edit freely: specdeploy_engine: sglang switches both hosts to "
+        "SGLang\n# (its release is in specdeploy_engine_versions).\n"
         + yaml.safe_dump(gv, sort_keys=False))
     return dest
 

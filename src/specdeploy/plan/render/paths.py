@@ -29,7 +29,9 @@ def secret_env_path(engine: str) -> str:
 
 
 def converted_drafter_path(hv: HostVars) -> str | None:
-    if not (hv.specdeploy_spec_enabled and hv.specdeploy_drafter_path):
+    """Where the drafter role puts the drafter converted for the engine; None where the method drafts without a
+    drafter checkpoint of its own (MTP: the target's layers; n-gram)."""
+    if not hv.uses_drafter:
         return None
     return f"{STATE_DIR}/drafter/{hv.specdeploy_engine}"
 
