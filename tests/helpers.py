@@ -174,3 +174,13 @@ class UnderLoad:
         for t in self.threads:
             t.join()
         return False
+
+
+def ansible_filters():
+    """The filters Ansible loads from the plugin shim (ansible/filter_plugins/specdeploy.py), by name."""
+    import importlib.util
+    import types
+    spec = importlib.util.spec_from_file_location("sd_filters", REPO / "ansible/filter_plugins/specdeploy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return types.SimpleNamespace(**mod.FilterModule().filters())

@@ -365,32 +365,54 @@ def test_canary_with_a_worse_drafter_is_not_promoted_and_the_fleet_stays_on_the_
     assert chat(ROUTER)["choices"]
 
 
-def test_engine_switch_vllm_to_sglang(inv):
-    rc, out, recap = play(inv, "specdeploy_engine=sglang", "specdeploy_engine_version=0.5.23",
-                          "specdeploy_spec_num_tokens=4")
-    assert rc == 0, out[-3000:]
+def _set_engine(inv: Path, engine: str) -> None:
+    """Edit only the specdeploy_engine line of the sandbox's group_vars, as the file's own comment invites."""
+    gv = inv / "group_vars" / "specdeploy_engines.yml"
+    lines = gv.read_text().splitlines(keepends=True)
+    hits = [i for i, line in enumerate(lines) if line.startswith("specdeploy_engine:")]
+    assert len(hits) == 1
+    lines[hits[0]] = f"specdeploy_engine: {engine}\n"
+    gv.write_text("".join(lines))
+
+
+def _serves(engine: str, other: str) -> None:
     for h in (H1, H2):
-        unit = "/etc/systemd/system/specdeploy-vllm.service"
+        unit = f"/etc/systemd/system/specdeploy-{other}.service"
         assert ssh(h, f"test -e {unit} && echo present || echo gone").strip() == "gone"
-        assert ssh(h, "systemctl is-active specdeploy-sglang").strip() == "active"
-        urllib.request.urlopen(f"http://{h}:8000/health_generate", timeout=30)  # same port, SGLang semantics
+        assert ssh(h, f"systemctl is-active specdeploy-{engine}").strip() == "active"
         metrics = urllib.request.urlopen(f"http://{h}:9450/metrics", timeout=10).read().decode()
-        assert 'engine="sglang"' in metrics and "specdeploy_engine_up 1.0" in metrics
-        cfg = json.loads(ssh(h, "cat /var/lib/specdeploy/drafter/sglang/config.json"))
-        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 29, 57]
+        assert f'engine="{engine}"' in metrics and "specdeploy_engine_up 1.0" in metrics
     assert chat(ROUTER)["choices"]
 
 
-def test_rollback_playbook_undoes_the_engine_switch(inv):
+def test_editing_only_the_engine_line_switches_both_hosts_to_sglang_and_back(inv):
+    """vLLM -> SGLang -> vLLM by the one inventory variable: each engine's release comes from
+    specdeploy_engine_versions, so nothing else changes in the inventory."""
+    _set_engine(inv, "sglang")
+    rc, out, _ = play(inv)
+    assert rc == 0, out[-3000:]
+    _serves("sglang", "vllm")
+    for h in (H1, H2):
+        urllib.request.urlopen(f"http://{h}:8000/health_generate", timeout=30)  # same port, SGLang semantics
+        cfg = json.loads(ssh(h, "cat /var/lib/specdeploy/drafter/sglang/config.json"))
+        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 29, 57]
+        assert "--speculative-algorithm EAGLE3" in ssh(h, "cat /etc/specdeploy/specdeploy-sglang.argv")
+    _set_engine(inv, "vllm")
+    rc, out, _ = play(inv)
+    assert rc == 0, out[-3000:]
+    _serves("vllm", "sglang")
+
+
+def test_rollback_returns_to_the_previous_engine(inv):
     previous = {h: ssh(h, "cat /var/lib/specdeploy/previous").strip() for h in (H1, H2)}
     rc, out, _ = play(inv, playbook="rollback.yml")
     assert rc == 0, out[-3000:]
     for h in (H1, H2):
         assert ssh(h, "cat /var/lib/specdeploy/current").strip() == previous[h]
-        assert ssh(h, "systemctl is-active specdeploy-vllm specdeploy-sglang").split() == ["active", "inactive"]
+        assert ssh(h, "systemctl is-active specdeploy-vllm specdeploy-sglang").split() == ["inactive", "active"]
         assert chat(f"http://{h}:8000")["choices"][0]["message"]["content"]
         m = urllib.request.urlopen(f"http://{h}:9450/metrics", timeout=10).read().decode()
-        assert 'engine="vllm"' in m
+        assert 'engine="sglang"' in m
 
 
 def test_venv_runtime_on_one_host(inv):

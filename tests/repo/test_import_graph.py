@@ -150,7 +150,7 @@ LAYERS = {
     "drafter": 5, "gpuhost": 5, "speculation": 5,
     "checks": 6,
     "ops": 7,
-    "testing": 8,
+    "deploy": 8, "testing": 8,
     "cli": 9,
 }
 

@@ -15,12 +15,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-STATE_DIR = Path("/run/specdeploy")
+from specdeploy.values.hostpaths import host_path
+
+STATE_DIR = Path(host_path("run"))
 PROPS = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "ExecMainCode", "InvocationID",
          "ExecMainPID")
 
 READY, CRASHED, TIMEOUT, WAITING = "ready", "crashed", "timeout", "waiting"
-EXIT = {READY: 0, CRASHED: 1, TIMEOUT: 1, WAITING: 3}
+NO_TEXT = "no-generation"
+EXIT = {READY: 0, CRASHED: 1, TIMEOUT: 1, WAITING: 3, NO_TEXT: 1}
+PROMPT = "Reply with one short sentence: what is speculative decoding?"
 
 
 @dataclass
@@ -98,4 +102,44 @@ def wait(unit: str, url: str, until: float, slice_s: float = 30, poll_s: float =
         if now - t0 >= slice_s:
             return Outcome(WAITING, unit, now - started, f"loading ({state.get('SubState')}); "
                            f"{until - now:.0f} s left", state)
+        sleep(max(0.0, min(poll_s, until - now)))
+
+
+def generate(base_url: str, model: str, api_key: str | None = None, max_tokens: int = 32,
+             deadline_s: float = 300) -> tuple[bool, str]:
+    """The readiness check's real generation: one chat completion at ``base_url`` (an engine, or the router that
+    pairs a prefill and a decode instance), greedy; (True, the text) when it answers with text, else (False, why).
+    The one place specdeploy writes this request."""
+    from specdeploy.values.peerhttp import PeerError, json_object
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": PROMPT}],
+                       "max_tokens": max_tokens, "temperature": 0}).encode()
+    url = base_url.rstrip("/") + "/v1/chat/completions"
+    try:
+        data = json_object(url, deadline_s, headers=headers, body=body)
+    except PeerError as exc:
+        return False, str(exc)
+    try:
+        text = data["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        return False, f"{url} answered without choices[0].message.content"
+    if not isinstance(text, str) or not text:
+        return False, f"{url} answered without text"
+    return True, text
+
+
+def generate_until(base_url: str, model: str, until: float, api_key: str | None = None, poll_s: float = 2,
+                   clock=time.time, sleep=time.sleep) -> Outcome:
+    """Retry the generation until it answers with text or the deadline (a router registers its workers once their
+    health checks pass)."""
+    t0 = clock()
+    while True:
+        ok, what = generate(base_url, model, api_key, deadline_s=max(1.0, min(300.0, until - clock())))
+        now = clock()
+        if ok:
+            return Outcome(READY, base_url, now - t0, f"answered: {what}")
+        if now >= until:
+            return Outcome(NO_TEXT, base_url, now - t0, what)
         sleep(max(0.0, min(poll_s, until - now)))

@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # rich is imported by the commands that draw, not when the CL
     from rich.panel import Panel
     from rich.table import Table
 
-PHASE_STYLE = {"provision": "cyan", "image": "cyan", "stage": "cyan", "start": "yellow", "load": "yellow",
+PHASE_STYLE = {"preflight": "blue",
+               "provision": "cyan", "image": "cyan", "stage": "cyan", "start": "yellow", "load": "yellow",
                "ready": "green", "gate": "magenta", "rollback": "red"}
 
 

@@ -10,6 +10,7 @@ import typer
 from specdeploy.values.errors import SpecdeployError
 from specdeploy.cli.app import app
 from specdeploy.cli.options import Json, error, fail, known_engine
+from specdeploy.values.hostpaths import host_path
 
 
 @app.command("simulate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -30,13 +31,36 @@ def simulate_cmd(ctx: typer.Context, engine: str = typer.Option(..., "--engine")
 
 
 @app.command("ready")
-def ready_cmd(unit: str = typer.Option(..., "--unit"), url: str = typer.Option(..., "--url"),
+def ready_cmd(unit: Optional[str] = typer.Option(None, "--unit", help="the engine's systemd unit (leave out to "
+                                                 "only generate, e.g. through a router)"),
+              url: Optional[str] = typer.Option(None, "--url", help="the engine's readiness URL (with --unit)"),
               until: float = typer.Option(..., "--until", help="wall-clock deadline, epoch seconds"),
               slice_s: float = typer.Option(30, "--slice", help="return 'waiting' (exit 3) after this many seconds"),
+              generate: Optional[str] = typer.Option(None, "--generate", help="once ready, a real chat completion "
+                                                     "at this base URL (http://HOST:PORT) must answer with text"),
+              model: Optional[str] = typer.Option(None, "--model", help="the served model name (with --generate)"),
+              api_key_env: str = typer.Option("SPECDEPLOY_API_KEY", "--api-key-env", help="environment variable "
+                                              "that holds the API key for --generate (never on the command line)"),
               as_json: bool = Json):
-    """On the host: wait for the engine to be ready; exit 1 at once on a crash loop, or at the deadline."""
-    from specdeploy.checks.readiness import EXIT, wait
-    o = wait(unit, url, until, slice_s)
+    """On the host: wait for the engine to be ready (exit 1 at once on a crash loop, or at the deadline), then
+    with --generate check a real chat completion; without --unit, only the generation, retried until --until."""
+    import os
+
+    from specdeploy.checks.readiness import EXIT, NO_TEXT, READY, generate as gen, generate_until, wait
+    if unit is None and generate is None:
+        error("--unit", "neither --unit nor --generate is given", "give --unit and --url, --generate, or both")
+    if unit is not None and not url:
+        error("--url", "is required with --unit", "give the engine's readiness URL")
+    if generate is not None and not model:
+        error("--model", "is required with --generate", "give the served model name")
+    key = os.environ.get(api_key_env) or None
+    if unit is None:
+        o = generate_until(generate, model, until, key)
+    else:
+        o = wait(unit, url, until, slice_s)
+        if o.status == READY and generate is not None:
+            ok, what = gen(generate, model, key)
+            o.status, o.detail = (READY, f"{o.detail}; answered: {what}") if ok else (NO_TEXT, what)
     print(json.dumps(o.to_dict()) if as_json else f"{o.status}: {o.unit} after {o.elapsed_s:.0f} s: {o.detail}")
     raise typer.Exit(EXIT[o.status])
 
@@ -45,8 +69,9 @@ def ready_cmd(unit: str = typer.Option(..., "--unit"), url: str = typer.Option(.
 def exporter_cmd(engine: str = typer.Option(..., "--engine"), engine_url: str = typer.Option(..., "--engine-url"),
                  listen: str = typer.Option("0.0.0.0:9450", "--listen"), window: float = typer.Option(60, "--window"),
                  info: Optional[List[str]] = typer.Option(None, "--info", help="KEY=VALUE for specdeploy_engine_info"),
-                 gate_file: Optional[Path] = typer.Option(Path("/var/lib/specdeploy/gate/report.json"),
-                                                          "--gate-file"),
+                 gate_file: Optional[Path] = typer.Option(Path(host_path("gate_report")), "--gate-file",
+                                                          help="the speculation gate's report the exporter "
+                                                          "publishes"),
                  group_port: Optional[int] = typer.Option(None, "--group-port", help="a serving group's leader: "
                                                           "its rendezvous port"),
                  group_rank: Optional[List[str]] = typer.Option(None, "--group-rank", help="HOST=ADDRESS of each "

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from specdeploy.engines import UnsupportedVersion, get, get_adapter, names
 from specdeploy.values.errors import Finding, SpecdeployError
+from specdeploy.values.hostpaths import CONVERSION_RECORD
 from specdeploy.checkpoint.modelcfg import TargetModel, load_json
 from specdeploy.checkpoint.safetensors_io import SafetensorsError, TensorInfo, bin_only, checkpoint_tensors
 
-META_FILE = "specdeploy-conversion.json"
+META_FILE = CONVERSION_RECORD  # values/hostpaths.py names it (the drafter role looks for it)
 CONVERT = "run `specdeploy drafter convert --engine {engine}`"
 LAYER_RE = re.compile(r"^(?:layers\.(\d+)|midlayer)\.")
 EOT_RE = re.compile(r"im_end|eot|end_of_turn|<\|end\|>|<\|return\|>|<\|call\|>|eom_id|end_of_message", re.IGNORECASE)

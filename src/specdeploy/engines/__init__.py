@@ -27,7 +27,8 @@ from specdeploy.engines.base import (
 )
 
 __all__ = ["AllReducePath", "Command", "CommContext", "EngineAdapter", "Health", "Metrics", "MiB", "Pin",
-           "SimBehaviour", "SimReject", "Span", "SpecMethod", "UnsupportedVersion", "dumps_compact", "parse_version", "DEFAULT", "register",
+           "SimBehaviour", "SimReject", "Span", "SpecMethod", "UnsupportedVersion", "dumps_compact", "parse_version",
+           "DEFAULT", "register",
            "unregister", "get", "get_adapter", "names", "adapters"]
 
 # The engine a command uses when none is given (``sandbox up``, ``gate``).

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from specdeploy.values.errors import Finding
+from specdeploy.values.peerhttp import url_host
 from specdeploy.engines import eagle3_targets as e3
 from specdeploy.engines import sglang_logs
 from specdeploy.engines.base import (
@@ -379,7 +380,7 @@ class SGLang(EngineAdapter):
                 argv += ["--disaggregation-bootstrap-port", str(rank.pd_port)]
             return argv, env
         argv = ["--nnodes", str(rank.size), "--node-rank", str(rank.index),
-                "--dist-init-addr", f"{_host_port(rank.leader_address)}:{rank.port}"]
+                "--dist-init-addr", f"{url_host(rank.leader_address)}:{rank.port}"]
         if rank.layout == "dp_ep":
             argv += (["--attn-dp-size", str(rank.dp_size)] if self.has("attn_dp_size")
                      else ["--dp-size", str(rank.dp_size), "--enable-dp-attention"])
@@ -650,7 +651,3 @@ class _SGLangSimMetrics:
         self.m_al.labels(**self.lv).set(1 + mean)
         self.m_ar.labels(**self.lv).set(mean / k)
 
-
-def _host_port(address: str) -> str:
-    """An address as the host part of host:port (an IPv6 address in brackets)."""
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address

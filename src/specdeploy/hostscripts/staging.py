@@ -259,6 +259,14 @@ def store_of(link: str | Path) -> Path:
     return link.parent / f".{link.name}.specdeploy"
 
 
+def store_paths(link: str | Path, cid: str) -> dict[str, str]:
+    """Where a copy with content id ``cid`` of the checkpoint at ``link`` lives in its store: the finished copy,
+    the copy in progress, and the mark that says the copy is complete."""
+    store = store_of(link)
+    return {"copy": str(store / cid), "partial": str(store / f"{cid}.partial"),
+            "complete": str(store / cid / COMPLETE)}
+
+
 class SwitchError(RuntimeError):
     pass
 

@@ -530,7 +530,8 @@ def release_problem(host: str, hv: HostVars, exc: Exception) -> Finding:
     engine's release (left over from an engine switch) says so."""
     from specdeploy.engines import adapters
     where = hv._version_from
-    other = [a.label for a in adapters() if a.name != hv.specdeploy_engine and hv.specdeploy_engine_version in a.versions]
+    other = [a.label for a in adapters()
+             if a.name != hv.specdeploy_engine and hv.specdeploy_engine_version in a.versions]
     if where == "specdeploy_engine_version" and other:
         return Finding("error", where, f"{hv.specdeploy_engine_version} is a {other[0]} release, but "
                        f"specdeploy_engine is {hv.specdeploy_engine}: the override applies to whichever engine is "

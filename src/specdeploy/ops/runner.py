@@ -13,13 +13,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from specdeploy.ops import phases
 from specdeploy.ops.fleet import Target, read_journal
 from specdeploy.ops.progress import parse_load
 
 
 REPO = Path(__file__).resolve().parents[3]
 PLAYBOOKS = {"deploy": "site.yml", "rollback": "rollback.yml", "verify": "verify.yml"}
-PHASES = ("provision", "image", "stage", "start", "load", "ready", "gate")
+ANSIBLE_DIR = REPO / "ansible"
 
 REDACTED = "<redacted>"
 # words of a variable name (split at _ - . and case changes) that make its value a secret
@@ -71,34 +72,6 @@ def private_dir(path: Path) -> Path:
     except FileExistsError:
         pass
     return path
-
-
-def phase_of(role: str, task: str, play: str) -> str | None:
-    role, task, play = role or "", task or "", play or ""
-    if role == "gpu_host" or play.startswith("Provision"):
-        return "provision"
-    if role in ("engine_image", "nccl_tune") or play.startswith("Build"):
-        return "image"
-    if role in ("model_store", "drafter"):
-        return "stage"
-    if role == "speculation_gate":
-        return "gate"
-    if role == "inference_engine":
-        if re.search(r"readiness|health endpoint", task, re.I):
-            return "load"
-        if re.search(r"chat completion|Check the generation|Record the|current release", task, re.I) \
-                and "Read" not in task:
-            return "ready"
-        if re.search(r"Roll back|rollback|Swap", task, re.I):
-            return "rollback"
-        return "start"
-    if role == "spec_exporter":
-        return "ready"
-    if play.startswith("Roll back") or "Roll back" in task:
-        return "rollback"
-    if play.startswith("Verify"):
-        return "ready"
-    return None
 
 
 @dataclass
@@ -172,7 +145,7 @@ class Run:
         row = self.rows[host]
         task = d.get("task") or ""
         if kind == "runner_on_start":
-            ph = phase_of(d.get("role", ""), task, d.get("play", ""))
+            ph = phases.index(ANSIBLE_DIR).phase(d.get("task_path"))
             with self.lock:
                 row.task = task
                 if ph and ph != row.phase and not (row.phase == "gate" and ph in ("start", "load", "ready")):

@@ -17,6 +17,8 @@ from specdeploy.plan.render.quoting import shell_line
 from specdeploy.plan.render.runtime import engine_image, exec_argv
 from specdeploy.plan.render.systemd import jinja_env
 from specdeploy.hostvars.schema import HostVars
+from specdeploy.values.hostpaths import unit_file
+from specdeploy.values.hostpaths import unit_name as unit_name_of
 from specdeploy.values.topology import Rank
 
 
@@ -133,7 +135,7 @@ def render_host(host: str, hv: HostVars, address: str | None = None, rank: Rank 
         for h, a in list(zip(rank.hosts, rank.addresses))[1:]:
             exp_argv += ["--group-rank", f"{h}={a}"]
     if serves:  # a rank that joins a leader serves no HTTP: the leader's exporter speaks for the group
-        files["/etc/systemd/system/specdeploy-exporter.service"] = j.get_template("exporter.service.j2").render(
+        files[unit_file(unit_name_of("exporter"))] = j.get_template("exporter.service.j2").render(
             exec_argv=exp_argv, engine_unit=unit, user=SERVICE_USER, state_dir=STATE_DIR)
     return HostPlan(
         host=host, engine=hv.specdeploy_engine, version=hv.specdeploy_engine_version,
@@ -141,7 +143,7 @@ def render_host(host: str, hv: HostVars, address: str | None = None, rank: Rank 
                                          and hv.specdeploy_sandbox_engine == "simulator" else ""),
         tp=adapter.tp_of(hv, rank),
         spec=hv.specdeploy_spec_enabled, nccl_source=nccl_source, engine_unit=unit,
-        exporter_unit="specdeploy-exporter.service" if serves else None, argv=cmd.argv, env=env, image=image,
+        exporter_unit=unit_name_of("exporter") if serves else None, argv=cmd.argv, env=env, image=image,
         drafter_path=converted_drafter_path(hv), files=files,
         ports={"engine": hv.specdeploy_port, "exporter": hv.specdeploy_exporter_port},
         health={"liveness": adapter.health.liveness, "readiness": adapter.health.readiness},

@@ -19,7 +19,6 @@ from specdeploy.values.hostpaths import SANDBOX_BASE_ARCHIVE
 
 from specdeploy.engines import DEFAULT as DEFAULT_ENGINE
 from specdeploy.engines import adapters as engine_adapters
-from specdeploy.engines import get as get_engine
 from specdeploy.values.errors import Finding, SpecdeployError
 from specdeploy.testing import cache as _cache
 

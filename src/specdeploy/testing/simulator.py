@@ -162,7 +162,8 @@ class Sim:
     def fetch_kv(self, host: str, port: int, room: str) -> int | None:
         """Decode: the prompt's KV from the prefill instance's bootstrap port (its token count), None on failure."""
         import urllib.request
-        h = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        from specdeploy.values.peerhttp import url_host
+        h = url_host(host)
         try:
             with urllib.request.urlopen(f"http://{h}:{port}/kv/{room}", timeout=self.pd_timeout + 5) as r:
                 return int(json.loads(r.read(4096))["tokens"])

@@ -35,6 +35,13 @@ class Answer:
         self.status, self.headers, self.body = status, headers, body
 
 
+def url_host(address: str) -> str:
+    """An address as the host part of a URL or of host:port: an IPv6 address in brackets (the one place this rule
+    is written)."""
+    address = str(address)
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
 def fetch(url: str, deadline_s: float, max_bytes: int = MAX_BYTES, headers: dict | None = None,
           body: bytes | None = None) -> Answer:
     """GET (POST when ``body`` is given) ``url``, finished within ``deadline_s`` seconds and ``max_bytes`` of body

@@ -1,4 +1,5 @@
 """Every playbook passes --syntax-check and the roles pass ansible-lint at the production profile."""
+import re
 import shutil
 import subprocess
 
@@ -33,8 +34,25 @@ def test_ansible_lint_production_profile(tmp_path):
     assert "Profile 'production' was required, and it passed" in r.stdout + r.stderr
 
 
-def test_every_role_has_argument_specs_defaults_and_handlers():
+def test_every_role_has_argument_specs_defaults_and_tasks():
     for role in (REPO / "ansible/roles").iterdir():
-        for part in ("meta/argument_specs.yml", "handlers/main.yml", "tasks/main.yml"):
+        for part in ("meta/argument_specs.yml", "tasks/main.yml"):
             assert (role / part).is_file(), f"{role.name} lacks {part}"
         assert any((role / "defaults").rglob("*.yml")), f"{role.name} lacks defaults"
+
+
+def test_handlers_do_something_and_one_reloads_systemd():
+    """No handler that is only a message; one systemd reload, which every role notifies by its listen topic."""
+    import yaml
+    reloads = []
+    for f in sorted((REPO / "ansible/roles").glob("*/handlers/main.yml")):
+        for h in yaml.safe_load(f.read_text()) or []:
+            assert "ansible.builtin.debug" not in h, f"{f}: handler {h['name']!r} only prints a message"
+            svc = h.get("ansible.builtin.systemd_service") or {}
+            if svc == {"daemon_reload": True}:
+                reloads.append((f.parent.parent.name, h.get("listen")))
+    assert reloads == [("common", "specdeploy systemd reload")], reloads
+    notified = set()
+    for f in (REPO / "ansible").rglob("*.yml"):
+        notified |= set(re.findall(r"notify: (.+)", f.read_text()))
+    assert "Reload systemd" not in notified and "specdeploy systemd reload" in notified

@@ -79,10 +79,8 @@ def test_plan_json_and_out_dir(repo, tmp_path):
 
 
 def test_ansible_filter_renders_same_files_as_plan(repo):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("sd_filter", repo / "ansible/filter_plugins/specdeploy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from helpers import ansible_filters
+    mod = ansible_filters()
     inv, plans, _ = plan(repo / "inventory" / "example")
     via_ansible = mod.specdeploy_plan(inv.host("gpu-a").vars, "gpu-a")
     assert via_ansible["release"] == plans[0][2].release_id()

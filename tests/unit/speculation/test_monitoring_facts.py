@@ -66,8 +66,11 @@ def test_grafana_reads_the_admin_password_itself():
     entrypoint's, so on a package install it would leave the default password in place."""
     tasks = yaml.safe_load((ROLE / "tasks/grafana.yml").read_text())
     block = next(t for t in tasks if t.get("name") == "Grafana - install")["block"]
-    dropin = next(t for t in block if str(t.get("ansible.builtin.copy", {}).get("dest", "")).endswith(
-        "grafana-server.service.d/specdeploy.conf"))["ansible.builtin.copy"]["content"]
+    from specdeploy.values.hostpaths import host_path
+    conf = host_path("unit_dropin", "grafana-server.service", "specdeploy.conf")
+    assert conf == "/etc/systemd/system/grafana-server.service.d/specdeploy.conf"
+    dropin = next(t for t in block if "specdeploy_path('grafana-server.service', 'specdeploy.conf')"
+                  in str(t.get("ansible.builtin.copy", {}).get("dest", "")))["ansible.builtin.copy"]["content"]
     env = dict(ln.removeprefix("Environment=").split("=", 1) for ln in dropin.splitlines()
                if ln.startswith("Environment="))
     assert not [k for k in env if k.endswith("__FILE")]

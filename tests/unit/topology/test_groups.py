@@ -2,7 +2,6 @@
 filters rendering what `specdeploy plan` renders."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import subprocess
@@ -11,7 +10,6 @@ import sys
 import pytest
 import yaml
 
-from helpers import REPO
 from specdeploy.hostvars import inventory as inv_mod
 from specdeploy.plan import plan, render_host
 from specdeploy.topology import Member, inventory_ranks, resolve, router_workers
@@ -193,10 +191,8 @@ def test_generated_groups_keep_the_rank_invariants():
 
 
 def _filters():
-    spec = importlib.util.spec_from_file_location("sd_filters", REPO / "ansible/filter_plugins/specdeploy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from helpers import ansible_filters
+    return ansible_filters()
 
 
 def test_the_ansible_filters_render_the_plans_and_router_the_cli_renders(tmp_path):

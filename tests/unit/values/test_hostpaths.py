@@ -2,7 +2,6 @@
 through the filter plugin."""
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -12,14 +11,12 @@ from helpers import REPO
 from specdeploy.hostscripts import converged
 from specdeploy.hostvars.ssh import ssh_argv, ssh_options
 from specdeploy.speculation.gate import command_line
-from specdeploy.values.hostpaths import CONFIG_DIR, HOST_PATHS, OPT_DIR, STATE_DIR
+from specdeploy.values.hostpaths import CONFIG_DIR, HOST_PATHS, OPT_DIR, PATH_TEMPLATES, STATE_DIR
 
 
 def _filters():
-    spec = importlib.util.spec_from_file_location("sd_filters", REPO / "ansible/filter_plugins/specdeploy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.FilterModule().filters()
+    from helpers import ansible_filters
+    return vars(ansible_filters())
 
 
 def test_the_roles_spell_no_host_path():
@@ -29,7 +26,7 @@ def test_the_roles_spell_no_host_path():
     used = set()
     for f in (REPO / "ansible").rglob("*.yml"):
         used |= set(re.findall(r"'(\w+)' \| specdeploy_path", f.read_text()))
-    assert used and used <= set(HOST_PATHS), used - set(HOST_PATHS)
+    assert used and used <= set(HOST_PATHS) | set(PATH_TEMPLATES), used - set(HOST_PATHS) - set(PATH_TEMPLATES)
 
 
 def test_the_path_filter_answers_from_the_core_and_refuses_an_unknown_name():

@@ -3,24 +3,26 @@ converted drafter. Every renderer takes these from here."""
 from __future__ import annotations
 
 from specdeploy.hostvars.schema import HostVars
+from specdeploy.values import hostpaths
 from specdeploy.values.hostpaths import CONFIG_DIR, SERVICE_USER, STATE_DIR  # noqa: F401 (re-exported)
 
 CRED_TOKEN = "${CREDENTIALS_DIRECTORY}"
 
 
 def unit_name(engine: str) -> str:
-    return f"specdeploy-{engine}.service"
+    """The engine's unit (values/hostpaths.py names every unit)."""
+    return hostpaths.unit_name("engine", engine)
 
 
 def secret_path(name: str) -> str:
     """A 0600 file under the secrets directory (the API key in the form the engine reads it)."""
-    return f"{CONFIG_DIR}/secrets/{name}"
+    return f"{hostpaths.host_path('secrets')}/{name}"
 
 
 def engine_files(engine: str) -> list[str]:
     """The files a deployment installs for an engine's unit: the unit, its environment and its argv record."""
     stem = unit_name(engine).removesuffix(".service")
-    return [f"/etc/systemd/system/{unit_name(engine)}", f"{CONFIG_DIR}/{stem}.env", f"{CONFIG_DIR}/{stem}.argv"]
+    return [hostpaths.unit_file(unit_name(engine)), f"{CONFIG_DIR}/{stem}.env", f"{CONFIG_DIR}/{stem}.argv"]
 
 
 def secret_env_path(engine: str) -> str:
@@ -33,9 +35,18 @@ def converted_drafter_path(hv: HostVars) -> str | None:
     drafter checkpoint of its own (MTP: the target's layers; n-gram)."""
     if not hv.uses_drafter:
         return None
-    return f"{STATE_DIR}/drafter/{hv.specdeploy_engine}"
+    return hostpaths.host_path("drafter_out", hv.specdeploy_engine)
+
+
+def host_vars_file(inventory_dir: str, host: str, name: str) -> str:
+    """A controller-side inventory file of specdeploy's in a host's host_vars directory (the gate's verdict, the
+    chosen NCCL environment); the host name and the file name must each be one path component."""
+    for what, part in (("host", host), ("file", name)):
+        if not part or part in (".", "..") or "/" in part or "\x00" in part:
+            raise ValueError(f"{what} {part!r} is not one path component")
+    return f"{inventory_dir}/host_vars/{host}/{name}"
 
 
 def gate_vars_file(inventory_dir: str, host: str) -> str:
     """The controller-side inventory file where the gate writes a host's verdict as variables."""
-    return f"{inventory_dir}/host_vars/{host}/specdeploy_gate.yml"
+    return host_vars_file(inventory_dir, host, "specdeploy_gate.yml")

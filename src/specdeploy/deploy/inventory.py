@@ -1,0 +1,68 @@
+"""Ansible's variables as the core reads them: plain Python values, the ``specdeploy_*`` variables validated into
+``HostVars`` (an ``AnsibleFilterError`` naming the problems otherwise), and a host's rank in its serving group."""
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from specdeploy.values.errors import SpecdeployError
+
+
+def plain(obj):
+    """An Ansible value (lazy mappings, unsafe strings) as plain dicts, lists, strings and scalars."""
+    if isinstance(obj, dict) or hasattr(obj, "keys"):
+        return {str(k): plain(obj[k]) for k in obj.keys()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, float)):
+        return obj
+    return str(obj)
+
+
+def ours(variables) -> dict:
+    """The variables specdeploy reads of a host: its ``specdeploy_*`` ones and ``ansible_host``."""
+    keys = [k for k in variables.keys() if k.startswith("specdeploy_") or k == "ansible_host"]
+    return {k: plain(variables[k]) for k in keys}
+
+
+def failing(fn):
+    """Run ``fn()``; a SpecdeployError becomes the AnsibleFilterError Ansible shows (its findings, one a line)."""
+    try:
+        return fn()
+    except SpecdeployError as exc:
+        raise AnsibleFilterError("\n" + str(exc)) from None
+
+
+def validated(variables, host, overrides=None):
+    """(the host's variables, its HostVars); ``overrides`` (variables) apply on top of the inventory."""
+    from specdeploy.hostvars.schema import validate_host
+    v = ours(variables)
+    v.update(plain(overrides or {}))
+    return v, failing(lambda: validate_host(host, v))
+
+
+def address(v: dict, host: str) -> str:
+    return str(v.get("ansible_host", host))
+
+
+def rank_of(host, v, hv, hostvars, hosts):
+    """The host's rank in its serving group, resolved from the group's hosts (``hosts``: the engine group, in
+    inventory order) as ``specdeploy plan`` resolves it."""
+    from specdeploy.topology import Member, resolve
+    members = []
+    for h in hosts if hostvars is not None and hosts is not None else [host]:
+        if h == host:
+            members.append(Member(host, address(v, host), hv))
+        elif hv.specdeploy_group and plain(hostvars[h].get("specdeploy_group")) == hv.specdeploy_group:
+            pv, phv = validated(hostvars[h], h)
+            members.append(Member(h, address(pv, h), phv))
+    return failing(lambda: resolve(members))[host]
+
+
+def all_ranks(hostvars, hosts):
+    """Every host of ``hosts`` validated, and the ranks of the serving groups among them."""
+    from specdeploy.topology import Member, resolve
+    members = []
+    for h in hosts:
+        v, hv = validated(hostvars[h], h)
+        members.append(Member(h, address(v, h), hv))
+    return members, failing(lambda: resolve(members))
