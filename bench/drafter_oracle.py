@@ -29,22 +29,43 @@ def main(argv=None) -> int:
     ap.add_argument("versions", nargs="+")
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--resume", action="store_true", help="keep the recorded rows of unchanged variants")
     a = ap.parse_args(argv)
     vs = [v for v in variants() if not a.only or v.name in a.only]
     say = lambda m: print(f"[oracle] {m}", file=sys.stderr, flush=True)  # noqa: E731
     t, dirs = oracle.drafters(vs, say)
     for version in a.versions:
         t0 = time.time()
-        got = oracle.measure(version, t, dirs, progress=say)
+        path = oracle.record_path(version)
+        kept: dict = {}
+        if a.resume and path.is_file():  # rows measured before for the same pairs
+            old = json.loads(path.read_text())["variants"]
+            kept = {v.name: old[v.name] for v in vs if v.name in old and old[v.name]["fingerprint"] == v.fingerprint()}
+
+        def partial(got, kept=kept, version=version, t0=t0, path=path):
+            if a.no_write:
+                return
+            rec = oracle.make_record(version, vs, got, time.time() - t0)
+            rec["variants"] = {**kept, **rec["variants"]}
+            rec["complete"] = len(rec["variants"]) == len(variants())
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
+        todo = {n: p for n, p in dirs.items() if n not in kept}
+        got = oracle.measure(version, t, todo, progress=say, on_batch=partial)
         secs = time.time() - t0
         rec = oracle.make_record(version, vs, got, secs)
+        rec["variants"] = {**kept, **rec["variants"]}
+        rec["complete"] = len(rec["variants"]) == len(variants())
         with tempfile.TemporaryDirectory() as tmp:
             conv = oracle.convert_and_measure(version, t, dirs, vs, Path(tmp), progress=say)
         for name, row in conv.items():
-            rec["variants"][name]["converted"] = row
+            if name in rec["variants"]:
+                rec["variants"][name]["converted"] = row
         counts: dict[str, int] = {}
         for v in vs:
-            row = rec["variants"][v.name]
+            row = rec["variants"].get(v.name)
+            if row is None:
+                continue
             d = oracle.doctor(dirs[v.name], t, version)
             row["doctor"] = d["errors"]
             j = oracle.judge(v.name, version, d["errors"], row["verdict"])

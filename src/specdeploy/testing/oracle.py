@@ -97,7 +97,7 @@ def _driver_env(version: str) -> dict:
 
 
 def measure(version: str, target_dir: Path, cases: dict[str, Path], timeout: float = 3600,
-            progress=None) -> dict[str, dict]:
+            progress=None, on_batch=None) -> dict[str, dict]:
     """Each case served by the real vLLM ``version``: {name: the driver's answer}. The driver ends after a case
     the engine refuses; a new one takes the cases left."""
     py = realengine.venv(version) / "bin" / "python"
@@ -108,7 +108,8 @@ def measure(version: str, target_dir: Path, cases: dict[str, Path], timeout: flo
     end = time.time() + timeout
     while left:
         job = {"target": str(target_dir), "dtype": TARGET_CONFIG["torch_dtype"], "k": K, "prompts": PROMPTS,
-               "max_tokens": MAX_TOKENS, "cases": [{"id": n, "drafter": str(cases[n])} for n in left]}
+               "max_tokens": MAX_TOKENS, "max_rss_mib": 10240,
+               "cases": [{"id": n, "drafter": str(cases[n])} for n in left]}
         try:
             p = subprocess.run([str(py), str(DRIVER)], input=json.dumps(job), capture_output=True, text=True,
                                env=_driver_env(version), timeout=max(60.0, end - time.time()),
@@ -128,6 +129,8 @@ def measure(version: str, target_dir: Path, cases: dict[str, Path], timeout: flo
             raise SpecdeployError([Finding("error", "oracle", f"vLLM {version}: the oracle driver answered no case "
                                            f"(exit {p.returncode}):\n{tail}", "run it by hand to see why")])
         left = [n for n in left if n not in done]
+        if on_batch:
+            on_batch(out)
     return out
 
 
@@ -226,6 +229,8 @@ def load_record(release: str) -> dict:
 def make_record(release: str, vs: list[Variant], measured: dict[str, dict], seconds: float) -> dict:
     rows = {}
     for v in vs:
+        if v.name not in measured:
+            continue
         r = measured[v.name]
         rows[v.name] = {"fingerprint": v.fingerprint(), "verdict": verdict(r), "rate0": rate(r),
                         "drafts": r.get("drafts"), "accepted_per_pos": r.get("per_pos"),
@@ -235,7 +240,8 @@ def make_record(release: str, vs: list[Variant], measured: dict[str, dict], seco
                            "CPU by oracle_run.enable_016; 0.32.0: as shipped)",
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "cpus": os.cpu_count(),
             "k": K, "prompts": len(PROMPTS), "max_tokens": MAX_TOKENS, "seconds": round(seconds, 1),
-            "thresholds": {"holds": HOLDS, "collapses": COLLAPSES}, "variants": rows}
+            "thresholds": {"holds": HOLDS, "collapses": COLLAPSES}, "complete": len(rows) == len(variants()),
+            "variants": rows}
 
 
 def sample(names: list[str], release: str, n: int, day: int | None = None) -> list[str]:
