@@ -21,12 +21,19 @@ def tiny_cache():
     realrun.tiny_cache_from_env()
 
 
-@pytest.mark.parametrize("release", ["0.16.0", "0.32.0"])
+RECORDED = sorted(p.stem.removeprefix("vllm-") for p in oracle.RECORDS.glob("vllm-*.json"))
+
+
+def test_a_release_is_recorded():
+    assert "0.16.0" in RECORDED
+
+
+@pytest.mark.parametrize("release", RECORDED)
 def test_recorded_acceptance_is_what_the_engine_measures(release, tmp_path):
     rec = oracle.load_record(release)
     vs = by_name()
     names = oracle.sample([n for n in rec["variants"] if n in vs], release, N)
-    assert len(names) == N
+    assert len(names) == min(N, len(rec["variants"]))
     t, dirs = oracle.drafters([vs[n] for n in names])
     got = oracle.measure(release, t, dirs, timeout=900)
     for n in names:

@@ -327,6 +327,12 @@ def _check_switches(d: Drafter, a: EngineAdapter, rep: Report):
         if want is None or want == DEFAULTS[name]:
             continue
         got, how = fc_norm_on(d, a) if name == "fc_norm" else switch(d, a, name)
+        prefix = BUILDS.get(name)
+        if prefix and d.tensors and got is False and not any(canonical(n, a).startswith(prefix) for n in d.tensors):
+            rep.add("warning", name, f"{want} in the config, but the checkpoint holds no {prefix}* weights and "
+                    f"{a.label} {a.version} runs without it (the oracle: such a head drafts as exported)",
+                    f"remove {name} from the config if the drafter was trained without it")
+            continue
         if got is None:
             rep.add("warning", name, f"{want} in the config; {how}", "check the drafter on the engine itself")
         elif got != want:

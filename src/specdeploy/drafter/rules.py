@@ -453,10 +453,11 @@ def _check_no_aux(d: Drafter, a: EngineAdapter, run, why: str, rep: Report):
 def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Report, runner: str | None = None):
     top, nested = d.top_aux(), d.nested_aux()
     n = t.layers
+    reads_top_first = get(engine).DRAFTER["aux_key"] == "eagle_aux_hidden_state_layer_ids"
     for key, ids, limit in (("eagle_aux_hidden_state_layer_ids", top, n - 1),
                             ("eagle_config.eagle_aux_hidden_state_layer_ids", nested, n - 2)):
-        if ids is None:
-            continue
+        if ids is None or (key != "eagle_aux_hidden_state_layer_ids" and reads_top_first and _ids_ok(top)):
+            continue  # an engine that reads the top-level key first never reads the nested one here
         if not _ids_ok(ids):
             rep.add("error", key, f"{ids} is not three integer layer ids", "fc takes exactly three aux hidden "
                     "states; give three ids")
@@ -479,6 +480,12 @@ def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Repor
             return
     trained, source = trained_taps(d)
     taps, how = engine_taps(d, t, engine, version, runner)
+    zero = get(engine).DRAFTER.get("aux_layer_zero_fails_llama")
+    if taps and 0 in taps and zero is not None and zero.contains(version) and "LlamaForCausalLM" in t.architectures:
+        rep.add("error", get(engine).DRAFTER["aux_key"], f"{engine} {version} captures aux layer 0 ({taps}, {how}): "
+                "its Llama target adds the residual to the hidden state, and layer 0 has none, so the first "
+                "forward fails (TypeError)", f"use {engine} {zero.until} or later, or taps from layer 1 on")
+        return
     fix = CONVERT.format(engine=engine) + " (writes both keys explicitly)"
     key = get(engine).DRAFTER["aux_key"]
     if trained is None:

@@ -189,6 +189,9 @@ DRAFTER = {
     # tie_word_embeddings is not read by the EAGLE-3 head (it always builds its own lm_head).
     # t2d is skipped by the head's load_weights ("if 't2d' in name: continue", 0.16.0 and 0.32.0): only d2t maps.
     "reads_t2d": False,
+    # LlamaModel.forward captures aux layer L as hidden_states + residual; layer 0's residual is None, so an aux id
+    # 0 fails the first forward (TypeError, measured on 0.16.0 by the oracle); from 0.18.0 it is captured apart.
+    "aux_layer_zero_fails_llama": Span(None, "0.18.0"),
     # --- the model runners (read in 0.16.0 to 0.22.1, 0.24.0, 0.26.0, 0.27.0, 0.32.0 and 0.33.0) ---
     # Which runner serves by default on a GPU host with Triton (VllmConfig.use_v2_model_runner; the env
     # VLLM_USE_V2_MODEL_RUNNER overrides it), as (releases, rule, architectures): "v1" (V2 only on request, env

@@ -167,7 +167,18 @@ class Exclusion:
     why: str
 
 
-EXCLUDED: dict[tuple[str, str], Exclusion] = {}
+def _exclusions() -> dict[tuple[str, str], Exclusion]:
+    """tests/data/drafters/oracle/exclusions.json: each recorded difference with both sides and why."""
+    p = RECORDS / "exclusions.json"
+    if not p.is_file():
+        return {}
+    data = json.loads(p.read_text())
+    whys = data["why"]
+    return {(x["name"], x["release"]): Exclusion(tuple(sorted(x["doctor"])), x["oracle"], whys[x["why"]])
+            for x in data["exclusions"]}
+
+
+EXCLUDED: dict[tuple[str, str], Exclusion] = _exclusions()
 
 
 def agrees(doctor_errors, oracle_verdict: str) -> bool:

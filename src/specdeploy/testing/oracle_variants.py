@@ -179,10 +179,10 @@ AUX_FORMS = {
 }
 
 
-def _drop(*names, defect=("missing tensors",)):
+def _drop(*names, defect=None):
     def f(v: Variant, taps):
         v.edits.append(["drop", *names])
-        v.defect = defect
+        v.defect = defect if defect is not None else ("missing tensors", *names)
     return f
 
 
