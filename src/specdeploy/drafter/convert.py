@@ -100,9 +100,20 @@ def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, v
     if "lm_head.weight" in d.tensors and layer_cfg.get("tie_word_embeddings") is True:
         layer_cfg["tie_word_embeddings"] = False
         actions.append("tie_word_embeddings true -> false: the drafter has its own trained lm_head.weight")
+    head_rows = d.tensors["lm_head.weight"].shape[0] if "lm_head.weight" in d.tensors and \
+        len(d.tensors["lm_head.weight"].shape) == 2 else None
     if any(f.subject == "lm_head.weight" and is_convertible(f) for f in pre.errors):
-        cfg.pop("draft_vocab_size", None)
-        actions.append(f"dropped draft_vocab_size (= vocab_size) so {a.label} loads the target's lm_head")
+        if head_rows is None:
+            cfg.pop("draft_vocab_size", None)
+            actions.append(f"dropped draft_vocab_size (= vocab_size) so {a.label} loads the target's lm_head")
+        else:
+            layer_cfg["draft_vocab_size"] = head_rows
+            actions.append(f"draft_vocab_size {d.config.get('draft_vocab_size')} -> {head_rows} (the rows of the "
+                           "trained lm_head, which it keeps)")
+    for sw, prefix in (("norm_before_fc", "input_norm."), ("fc_norm", "fc_norm.")):
+        if any(f.subject == sw and is_convertible(f) for f in pre.errors):
+            layer_cfg[sw] = True
+            actions.append(f"{sw}: true at the top level (the checkpoint holds trained {prefix}* weights)")
     nested = a.drafter_nested_ids(taps, t.is_kimi_or_deepseek)
     if head_trained(d, "use_aux_hidden_state") is False:
         actions.append("eagle_config.use_aux_hidden_state false kept: the head takes no aux states, no aux ids "

@@ -247,6 +247,7 @@ def check_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report) -> Hea
             rep.add("warning", "tensor names", f"{len(unknown)} checkpoint tensor(s) are not among the parameters "
                     f"recorded for {a.label}'s EAGLE-3 head ({shown}); what {a.version} does with them was not read",
                     "check the drafter on the engine itself")
+    _check_dropped_norms(d, a, head, names, rep)
     # rules._check_shapes reports the decoder projections' weights
     layer_checked = tuple(f"self_attn.{x}_proj.weight" for x in "qkvo") + tuple(f"mlp.{x}_proj.weight"
                                                                                 for x in ("gate", "up", "down"))
@@ -273,6 +274,26 @@ def check_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report) -> Hea
         fc_shape(d, head.aux_count, rep)
     _check_tied(d, a, rep)
     return head
+
+
+def reads_top(a: EngineAdapter, name: str) -> bool:
+    """Whether the release reads the switch at the flat config's top level."""
+    return bool(known(a.DRAFTER.get("switches", {}).get(name, {}).get("top"), a.version))
+
+
+def _check_dropped_norms(d: Drafter, a: EngineAdapter, head: Head, names: dict, rep: Report):
+    """Trained norm weights the release skips because the switch that builds them is off where it reads it."""
+    for sw, prefix in (("norm_before_fc", "input_norm."), ("fc_norm", "fc_norm.")):
+        have = [c for c in names if c.startswith(prefix)]
+        if not have or any(r.startswith(prefix) for r in head.required) or \
+                not any(prefix in s for s in head.skipped):
+            continue
+        fix = CONVERT.format(engine=a.name) + f" (writes {sw}: true at the top level, where {a.label} " \
+            f"{a.version} reads it)" if reads_top(a, sw) else _fix_for(d, a, have)
+        rep.add("error", sw, f"the checkpoint holds {', '.join(names[c] for c in have[:3])} (trained with {sw}), "
+                f"but {a.label} {a.version} does not read {sw} as on where this config writes it: it builds no "
+                f"{prefix}* and skips the trained weights, so fc gets the aux states without the norm it was "
+                "trained with", fix)
 
 
 def _missing_fix(missing: list[str]) -> str:
@@ -306,6 +327,12 @@ def _check_switches(d: Drafter, a: EngineAdapter, rep: Report):
         if want is None or want == DEFAULTS[name]:
             continue
         got, how = fc_norm_on(d, a) if name == "fc_norm" else switch(d, a, name)
+        prefix = BUILDS.get(name)
+        if prefix and d.tensors and got is False and not any(canonical(n, a).startswith(prefix) for n in d.tensors):
+            rep.add("warning", name, f"{want} in the config, but the checkpoint holds no {prefix}* weights and "
+                    f"{a.label} {a.version} runs without it (the oracle: such a head drafts as exported)",
+                    f"remove {name} from the config if the drafter was trained without it")
+            continue
         if got is None:
             rep.add("warning", name, f"{want} in the config; {how}", "check the drafter on the engine itself")
         elif got != want:

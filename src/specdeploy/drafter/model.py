@@ -193,12 +193,54 @@ def trained_taps(d: Drafter) -> tuple[list[int] | None, str]:
         return list(top), "top-level eagle_aux_hidden_state_layer_ids (vLLM numbering)"
     if _ids_ok(nested):
         return [x + 1 for x in nested], "eagle_config.eagle_aux_hidden_state_layer_ids (SGLang numbering)"
+    v2 = _v2_layer_ids(d)
+    if v2 is not None:
+        return v2, "eagle_config.layer_ids (vLLM V2 numbering)"
     return None, "no aux ids in the config"
 
 
-def engine_taps(d: Drafter, t: TargetModel, engine: str, version: str) -> tuple[list[int] | None, str]:
-    """The taps (vLLM numbering) the engine version captures for this config; None when not pinned down."""
-    top, nested = d.top_aux(), d.nested_aux()
-    return get_adapter(engine, version).drafter_taps(top if _ids_ok(top) else None, nested if _ids_ok(nested) else None,
-                                                     default_aux(t.layers), t.is_kimi_or_deepseek)
+def target_traits(t: TargetModel) -> tuple[bool, bool, bool]:
+    """(MoE, quantized, hybrid) as vLLM's ModelConfig tells them apart (experts in the text config, a
+    quantization_config, layers that are not all attention)."""
+    moe = any(isinstance(t.text.get(k), int) and not isinstance(t.text.get(k), bool) and t.text.get(k) > 0
+              for k in ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts"))
+    quantized = isinstance(t.config.get("quantization_config") or t.text.get("quantization_config"), dict)
+    kinds = t.text.get("layer_types") or t.text.get("layers_block_type") or []
+    hybrid = bool(t.text.get("hybrid_override_pattern")) or (isinstance(kinds, list) and any(
+        isinstance(k, str) and not k.endswith("attention") for k in kinds))
+    return moe, quantized, hybrid
 
+
+def model_runner(t: TargetModel, engine: str, version: str, runner: str | None = None) -> tuple[str | None, str]:
+    """The model runner that serves this target ("v1"/"v2"; "" where the engine has one runner), and why; None
+    where the release's default was not read."""
+    a = get_adapter(engine, version)
+    if not getattr(a, "model_runners", ()):
+        return "", ""
+    return a.model_runner(t.architectures, *target_traits(t), runner=runner)
+
+
+def _v2_layer_ids(d: Drafter):
+    ec = d.config.get("eagle_config")
+    ids = ec.get("layer_ids") if isinstance(ec, dict) else None
+    return list(ids) if _ids_ok(ids) else None
+
+
+def engine_taps(d: Drafter, t: TargetModel, engine: str, version: str,
+                runner: str | None = None) -> tuple[list[int] | None, str]:
+    """The taps (vLLM numbering) the engine version captures for this config, on ``runner`` (None: the release's
+    default for this target); None when not pinned down."""
+    top, nested = d.top_aux(), d.nested_aux()
+    a = get_adapter(engine, version)
+    run, why = model_runner(t, engine, version, runner)
+    v1 = a.drafter_taps(top if _ids_ok(top) else None, nested if _ids_ok(nested) else None, default_aux(t.layers),
+                        t.is_kimi_or_deepseek)
+    if run == "":
+        return v1
+    v2 = a.drafter_taps_v2(top if _ids_ok(top) else None, _v2_layer_ids(d), default_aux(t.layers)) \
+        if a.DRAFTER.get("v2_eagle3") and a.DRAFTER["v2_eagle3"].contains(version) else None
+    if run == "v2" and v2 is not None:
+        return v2
+    if run == "v1" or v2 is None or v1[0] == v2[0]:
+        return v1
+    return None, f"{why}; V1 captures {v1[0]} ({v1[1]}), V2 {v2[0]} ({v2[1]})"

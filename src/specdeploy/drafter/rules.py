@@ -16,13 +16,14 @@ from specdeploy.drafter.model import (
     _unknown_engine,
     end_of_turn_ids,
     engine_taps,
+    model_runner,
     resolve_version,
     trained_taps,
 )
 
 # ---------------------------------------------------------------------------------------------------------
 def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None = None,
-          target_check: bool = True) -> Report:
+          target_check: bool = True, runner: str | None = None) -> Report:
     rep = Report()
     if engine not in names():
         rep.findings.append(_unknown_engine(engine))
@@ -35,7 +36,9 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
         return rep
     target = TargetModel.load(target_dir)
     d = Drafter.load(drafter_dir)
-    rep.add("info", "engine", f"rules of {engine} {version}")
+    run, why = model_runner(target, engine, version, runner)
+    rep.add("info", "engine", f"rules of {engine} {version}" + (
+        f", model runner {run.upper()} ({why})" if run else "" if run == "" else f", model runner not known ({why})"))
     if a.DRAFTER.get("keeps_model_prefix") and d.raw_tensors and any(n.startswith("model.") for n in d.raw_tensors):
         d.tensors = dict(d.raw_tensors)  # the loader sees model.model.X: judge the names as it gets them
     if target_check:  # off where preflight decides it, knowing the image's patch set
@@ -49,7 +52,7 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
         _check_layers(d, a, rep)
         _check_shapes(d, rep)
         _check_lm_head(d, target, a, rep)
-        _check_vocab(d, target, rep)
+        _check_vocab(d, target, rep, a)
         _check_names(d, a, rep)
     elif d.bin_files:
         rep.add("warning", "safetensors", f"only PyTorch pickle weights ({', '.join(d.bin_files[:3])}): tensor "
@@ -60,10 +63,9 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
                 "shapes, d2t/t2d and weight names were not checked", "the drafter role checks the full "
                 "checkpoint on the host; or point the check at the full drafter")
     if head is not None and head.aux_on is False:
-        rep.add("info", "eagle_config.use_aux_hidden_state", f"false: {a.label} captures no aux hidden states for "
-                "this head (it drafts from the target's last hidden state), so no aux layer ids apply")
+        _check_no_aux(d, a, run, why, rep)
     else:
-        _check_aux(d, target, engine, version, rep)
+        _check_aux(d, target, engine, version, rep, runner)
     _check_norm(d, a, rep)
     return rep
 
@@ -270,9 +272,22 @@ def _check_lm_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report):
     _, shape = _shape(d, "lm_head.weight")
     h = d.hidden
     if shape is not None:
+        rows = shape[0] if len(shape) == 2 else None
         if tuple(shape) != (d.draft_vocab, h):
             rep.add("error", "lm_head.weight", f"shape {list(shape)}, expected [{d.draft_vocab}, {h}]",
-                    "make draft_vocab_size match the lm_head rows")
+                    (CONVERT.format(engine=a.name) + f" (writes draft_vocab_size: {rows}, the rows of the trained "
+                     "head)") if rows and not d.declares_draft_vocab and len(shape) == 2 and shape[1] == h
+                    and rows < d.vocab and "d2t" in d.tensors and d.tensors["d2t"].shape == (rows,)
+                    else "make draft_vocab_size match the lm_head rows")
+            return
+        swap = a.DRAFTER.get("lm_head_from_target_without_draft_vocab_size")
+        if swap is not None and swap.contains(a.version) and not d.declares_draft_vocab and d.fmt != "speculators" \
+                and d.layer.get("tie_word_embeddings") is not True:
+            rep.add("error", "lm_head.weight", f"the checkpoint holds a trained lm_head {list(shape)}, but the "
+                    f"config has no draft_vocab_size: {a.label} {a.version} then loads the target's lm_head in its "
+                    "place (load_lm_head_from_target), so the head drafts with a head it was not trained with",
+                    CONVERT.format(engine=a.name) + f" (writes draft_vocab_size: {rows}, which keeps the trained "
+                    "head)")
         return
     if d.draft_vocab < t.vocab:
         rep.add("error", "lm_head.weight", f"missing, but the draft vocabulary ({d.draft_vocab}) is smaller than "
@@ -302,7 +317,9 @@ def _check_lm_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report):
         rep.add("info", "lm_head.weight", f"not in the checkpoint: {a.label} loads the target's lm_head")
 
 
-def _check_vocab(d: Drafter, t: TargetModel, rep: Report):
+def _check_vocab(d: Drafter, t: TargetModel, rep: Report, a: EngineAdapter | None = None):
+    reads_t2d = a.DRAFTER.get("reads_t2d") if a is not None else None
+    label = a.label if a is not None else ""
     d2t = d.tensors.get("d2t")
     t2d = d.tensors.get("t2d")
     if d.draft_vocab < t.vocab and d2t is None:
@@ -329,14 +346,23 @@ def _check_vocab(d: Drafter, t: TargetModel, rep: Report):
     if dups:
         rep.add("error", "d2t", f"{dups} duplicate target ids", "rebuild the vocab map")
     if t2d is not None:
-        if t2d.shape != (vocab,):
+        if t2d.shape != (vocab,) and reads_t2d is False:
+            rep.add("warning", "t2d", f"shape {list(t2d.shape)}, expected [{vocab}]; {label}'s loader skips t2d",
+                    "rebuild the vocab map")
+        elif t2d.shape != (vocab,):
             rep.add("error", "t2d", f"shape {list(t2d.shape)}, expected [{vocab}]", "rebuild the vocab map")
         elif t2d.dtype not in ("BOOL", "U8", "I8", "I32", "I64"):
             rep.add("error", "t2d", f"dtype {t2d.dtype} is not a mask type", "save t2d as bool")
         else:
             mask = read_array(t2d).astype(bool)
             if int(mask.sum()) != d.draft_vocab or not mask[ids[inside]].all():
-                rep.add("error", "t2d", "t2d does not agree with d2t", "rebuild t2d from the same selection as d2t")
+                if reads_t2d is False:
+                    rep.add("warning", "t2d", f"t2d does not agree with d2t; {label}'s loader skips t2d (only d2t "
+                            "maps draft ids), so drafting is not affected", "rebuild t2d from the same selection "
+                            "as d2t, for tools that read it")
+                else:
+                    rep.add("error", "t2d", "t2d does not agree with d2t", "rebuild t2d from the same selection "
+                            "as d2t")
     _check_eos(set(ids.tolist()), t, rep)
 
 
@@ -397,13 +423,41 @@ def _check_names(d: Drafter, a: EngineAdapter, rep: Report):
 
 
 
-def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Report):
+def _check_no_aux(d: Drafter, a: EngineAdapter, run, why: str, rep: Report):
+    """A head switched to the target's last hidden state (eagle_config.use_aux_hidden_state: false)."""
+    key = "eagle_config.use_aux_hidden_state"
+    fc = d.tensors.get("fc.weight")
+    if fc is not None and len(fc.shape) == 2 and fc.shape[1] >= 2 * d.target_hidden:
+        rep.add("error", key, f"false, but the checkpoint holds fc.weight {list(fc.shape)}, which fuses "
+                f"{fc.shape[1] // d.target_hidden} aux hidden states: the head was trained on them, and {a.label} "
+                "skips fc and feeds it the target's last hidden state instead",
+                "set eagle_config.use_aux_hidden_state: true (or remove the key) if the drafter was trained with "
+                "aux states")
+        return
+    v2 = a.DRAFTER.get("v2_aux_for_every_head")
+    if v2 is not None and v2.contains(a.version) and run in ("v2", None):
+        fix = (f"serve it on the V1 runner (specdeploy_engine_env: {{VLLM_USE_V2_MODEL_RUNNER: '0'}}), or use "
+               f"{a.label} {v2.until} or later")
+        if run == "v2":
+            rep.add("error", key, f"false, and {a.label} {a.version}'s V2 model runner ({why}) fuses the target's "
+                    "aux hidden states for every EAGLE-3 head: this head has no fc and gets three hidden states "
+                    "where it takes one, so the engine stops at its first draft", fix)
+        else:
+            rep.add("warning", key, f"false: {a.label} {a.version}'s V2 model runner gives such a head the fused "
+                    f"aux states it cannot take, V1 the target's last hidden state; which runner serves: {why}", fix)
+        return
+    rep.add("info", key, f"false: {a.label} captures no aux hidden states for this head (it drafts from the "
+            "target's last hidden state), so no aux layer ids apply")
+
+
+def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Report, runner: str | None = None):
     top, nested = d.top_aux(), d.nested_aux()
     n = t.layers
+    reads_top_first = get(engine).DRAFTER["aux_key"] == "eagle_aux_hidden_state_layer_ids"
     for key, ids, limit in (("eagle_aux_hidden_state_layer_ids", top, n - 1),
                             ("eagle_config.eagle_aux_hidden_state_layer_ids", nested, n - 2)):
-        if ids is None:
-            continue
+        if ids is None or (key != "eagle_aux_hidden_state_layer_ids" and reads_top_first and _ids_ok(top)):
+            continue  # an engine that reads the top-level key first never reads the nested one here
         if not _ids_ok(ids):
             rep.add("error", key, f"{ids} is not three integer layer ids", "fc takes exactly three aux hidden "
                     "states; give three ids")
@@ -417,7 +471,7 @@ def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Repor
             return
     if _ids_ok(top) and _ids_ok(nested) and [x - 1 for x in top] != list(nested):
         same = list(top) == list(nested)
-        taps, how = engine_taps(d, t, engine, version)
+        taps, how = engine_taps(d, t, engine, version, runner)
         if taps != list(top):
             msg = (f"the same numbers {top} under both keys: one of them is off by one (vLLM counts layer inputs, "
                    "SGLang layer outputs)" if same else f"top-level {top} and nested {nested} disagree")
@@ -425,7 +479,13 @@ def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Repor
                     "keep only the key the trainer wrote and re-run convert")
             return
     trained, source = trained_taps(d)
-    taps, how = engine_taps(d, t, engine, version)
+    taps, how = engine_taps(d, t, engine, version, runner)
+    zero = get(engine).DRAFTER.get("aux_layer_zero_fails_llama")
+    if taps and 0 in taps and zero is not None and zero.contains(version) and "LlamaForCausalLM" in t.architectures:
+        rep.add("error", get(engine).DRAFTER["aux_key"], f"{engine} {version} captures aux layer 0 ({taps}, {how}): "
+                "its Llama target adds the residual to the hidden state, and layer 0 has none, so the first "
+                "forward fails (TypeError)", f"use {engine} {zero.until} or later, or taps from layer 1 on")
+        return
     fix = CONVERT.format(engine=engine) + " (writes both keys explicitly)"
     key = get(engine).DRAFTER["aux_key"]
     if trained is None:

@@ -127,7 +127,12 @@ DRAFTER = {
     # Llama drafter: no draft_vocab_size in the config -> the target's lm_head is loaded; with
     # draft_vocab_size set, lm_head must be in the checkpoint (otherwise it stays uninitialised).
     # (load_lm_head_from_target in llama_eagle3.py, from 0.5.2; 0.5.1.post3 does not have it.)
+    # The same flag makes the draft worker load the target's lm_head over a trained one (set_embed_and_head in
+    # speculative/eagle_worker_v2.py, 0.5.23; kimi_k25_eagle3.py sets it alike): a checkpoint's own lm_head is kept
+    # only when draft_vocab_size is set.
     "lm_head_from_target_without_draft_vocab_size": Span("0.5.2"),
+    # t2d is skipped by the Llama and Kimi EAGLE-3 loaders (llama_eagle3.py, kimi_k25_eagle3.py, 0.5.23).
+    "reads_t2d": False,
     # The Llama EAGLE-3 decoder layer implements only norm_before_residual = False.
     "norm_before_residual": False,
     # --- the Llama EAGLE-3 head the loader builds (models/llama_eagle3.py), read in the 0.5.11, 0.5.12,

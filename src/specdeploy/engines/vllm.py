@@ -293,6 +293,45 @@ class VLLM(EngineAdapter):
             case["dtype"] = value("--dtype")
         return case
 
+    model_runners = ("v1", "v2")
+
+    def model_runner(self, archs: list[str], moe: bool, quantized: bool, hybrid: bool,
+                     runner: str | None = None) -> tuple[str | None, str]:
+        """The model runner that serves EAGLE-3 for this target (``runner``: asked for, as
+        VLLM_USE_V2_MODEL_RUNNER would), and why; None where the release was not read."""
+        if runner in self.model_runners:
+            return runner, "asked for"
+        for span, rule, listed in DRAFTER["v2_default"]:
+            if not span.contains(self.version):
+                continue
+            hit = any(a in listed for a in archs)
+            if rule == "v1":
+                v2 = False
+            elif rule == "listed-dense":
+                v2 = hit and not moe and not quantized
+            elif rule == "listed":
+                v2 = hit
+            elif rule == "listed-or-dense":
+                v2 = None if hybrid and not hit else hit or not moe
+            else:
+                v2 = True
+            if v2 is None:
+                return None, f"vLLM {self.version}'s default runner for a hybrid target was not read"
+            how = {"v1": "V1 unless VLLM_USE_V2_MODEL_RUNNER=1", "v2": "V2 unless VLLM_USE_V2_MODEL_RUNNER=0 or "
+                   "Triton is missing"}.get(rule, f"V2 for {', '.join(listed)}" + (
+                       "" if rule == "listed" else " (not MoE" + (", not quantized)" if rule == "listed-dense"
+                                                                    else "; any dense model)")))
+            return ("v2" if v2 else "v1"), f"the default of vLLM {self.version} on a GPU: {how}"
+        return None, f"vLLM {self.version}'s default model runner was not read"
+
+    def drafter_taps_v2(self, top, nested_layer_ids, default):
+        """V2's selection (eagle3_utils.get_eagle3_aux_layers_from_config)."""
+        if top is not None:
+            return list(top), "top-level key (V2)"
+        if nested_layer_ids is not None and DRAFTER["v2_nested_layer_ids"].contains(self.version):
+            return list(nested_layer_ids), "eagle_config.layer_ids (V2)"
+        return default, "default (V2 does not read eagle_config.eagle_aux_hidden_state_layer_ids)"
+
     def drafter_taps(self, top, nested, default, deepseek_target):
         # vLLM reads the top-level key (its own numbering) first.
         if top is not None:

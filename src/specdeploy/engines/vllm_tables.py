@@ -187,6 +187,41 @@ DRAFTER = {
     "fc_always_built": False,
     "skips_unbuilt_input_norm": Span("0.18.0"),
     # tie_word_embeddings is not read by the EAGLE-3 head (it always builds its own lm_head).
+    # t2d is skipped by the head's load_weights ("if 't2d' in name: continue", 0.16.0 and 0.32.0): only d2t maps.
+    "reads_t2d": False,
+    # LlamaModel.forward captures aux layer L as hidden_states + residual; layer 0's residual is None, so an aux id
+    # 0 fails the first forward (TypeError, measured on 0.16.0 by the oracle); from 0.18.0 it is captured apart.
+    "aux_layer_zero_fails_llama": Span(None, "0.18.0"),
+    # --- the model runners (read in 0.16.0 to 0.22.1, 0.24.0, 0.26.0, 0.27.0, 0.32.0 and 0.33.0) ---
+    # Which runner serves by default on a GPU host with Triton (VllmConfig.use_v2_model_runner; the env
+    # VLLM_USE_V2_MODEL_RUNNER overrides it), as (releases, rule, architectures): "v1" (V2 only on request, env
+    # default False), "listed-dense" (a listed architecture that is neither MoE nor quantized), "listed",
+    # "listed-or-dense" (listed, or not MoE; never hybrid or attention-free), "v2" (unless Triton is missing or a
+    # feature V2 lacks is on). A release in none of these was not read.
+    "v2_default": (
+        (Span(None, "0.22.0"), "v1", ()),
+        (Span("0.22.0", "0.23.0"), "listed-dense", ("Qwen3ForCausalLM",)),
+        (Span("0.24.0", "0.25.0"), "listed", ("Qwen3ForCausalLM", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM",
+                                                "GraniteMoeForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")),
+        (Span("0.26.0", "0.27.0"), "listed-or-dense", ("DeepseekV2ForCausalLM", "GraniteMoeForCausalLM",
+                                                       "InklingForCausalLM", "InklingForConditionalGeneration",
+                                                       "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM")),
+        (Span("0.27.0", "0.27.1"), "listed-or-dense", ("DeepseekV2ForCausalLM", "GraniteMoeForCausalLM",
+                                                       "InklingForCausalLM", "InklingForConditionalGeneration",
+                                                       "KimiK3ForConditionalGeneration",
+                                                       "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM")),
+        (Span("0.32.0"), "v2", ()),
+    ),
+    # V2's EAGLE-3 tap selection (v1/worker/gpu/spec_decode/eagle/eagle3_utils.py, from 0.17.0): the top-level
+    # eagle_aux_hidden_state_layer_ids, else eagle_config.layer_ids (0.27.0 on), else the target's default; the
+    # nested eagle_aux_hidden_state_layer_ids V1 reads is not read. tests/contract/test_drafter_runner_contract.py
+    # calls that function of every release that has it.
+    "v2_eagle3": Span("0.17.0"),
+    "v2_nested_layer_ids": Span("0.27.0"),
+    # V2 asks the target for aux states for every EAGLE-3 head until 0.33.0, whose requires_aux_hidden_states
+    # reads eagle_config.use_aux_hidden_state: a head built without fc then gets the three fused states where it
+    # takes one (llama_eagle3's "hidden_states and input_embeds must have the same last dimension").
+    "v2_aux_for_every_head": Span("0.17.0", "0.33.0"),
 }
 
 # specdeploy_spec_method -> the speculative config's method. ``mtp`` (in MTPModelTypes of 0.16.0 and 0.32.0) drafts

@@ -433,9 +433,9 @@ def compare_pairs(pairs: list[tuple[str, Path, Path, bool]], version: str, pytho
     out = []
     for name, t, d, _remote in pairs:
         try:
-            rep = check(d, t, ENGINE, version)
+            rep = check(d, t, ENGINE, version, runner="v1")  # the probe is the CPU build: its V1 runner
             dc = doctor_classes(rep)
-            taps = engine_taps(Drafter.load(d), TargetModel.load(t), ENGINE, version)[0]
+            taps = engine_taps(Drafter.load(d), TargetModel.load(t), ENGINE, version, "v1")[0]
         except SpecdeployError:
             dc, taps = {"config"}, None
         c = run.cases.get(name, {})
