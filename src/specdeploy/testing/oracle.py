@@ -29,7 +29,6 @@ from specdeploy.testing.oracle_variants import (
     TARGET_CONFIG,
     Variant,
     generator_spec,
-    tokenizer_config,
     variants,
 )
 from specdeploy.values.errors import Finding, SpecdeployError
@@ -288,6 +287,3 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-__all__ = ["tokenizer_config"]
