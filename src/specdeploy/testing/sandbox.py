@@ -18,7 +18,6 @@ from pathlib import Path
 from specdeploy.values.hostpaths import SANDBOX_BASE_ARCHIVE
 
 from specdeploy.engines import DEFAULT as DEFAULT_ENGINE
-from specdeploy.engines import adapters as engine_adapters
 from specdeploy.values.errors import Finding, SpecdeployError
 from specdeploy.testing import cache as _cache
 
@@ -500,111 +499,32 @@ def down(progress=None):
             _cache.remove_tree(left)
 
 
-def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = DEFAULT_ENGINE,
-                    runtime: str = "docker", real_engine: str | None = None, target: str = "deepseek_v3") -> Path:
-    """inventory/sandbox: the hosts above as engine hosts (the first also runs the router and Prometheus).
-    ``docker`` (the production runtime) runs the engine image built on each host; ``venv`` the host venv.
-    ``real_engine``: the real vLLM of that version serves instead of the simulator (the venv runtime, from the
-    venv ``up`` bound in), a tiny real ``target`` (``testing/tinymodels``) with its good EAGLE-3 drafter."""
+# The inventory and checkpoints of the sandbox (testing/sandbox_inventory.py), with this module's state.
+from specdeploy.testing import sandbox_inventory as _inventory  # noqa: E402
+from specdeploy.testing.sandbox_inventory import ARTIFACT_DRAFTER, ARTIFACT_MODEL, real_engine_vars  # noqa: E402,F401
+
+_example_model = _inventory.example_model
+_build_artifacts = _inventory.build_artifacts
+
+
+def write_inventory(hosts: list[SandboxHost], dest: Path, engine: str = DEFAULT_ENGINE, runtime: str = "docker",
+                    real_engine: str | None = None, target: str = "deepseek_v3") -> Path:
+    """inventory/sandbox for ``hosts`` (sandbox_inventory.write_inventory), with this sandbox's key, checkpoints and
+    base image."""
     key, _ = keypair()
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "group_vars").mkdir(exist_ok=True)
-    inv = {"all": {"children": {
-        "specdeploy_engines": {"hosts": {h.name: {"ansible_host": h.address} for h in hosts}},
-        "specdeploy_monitoring": {"hosts": {hosts[0].name: {}}},
-        "specdeploy_routers": {"hosts": {hosts[0].name: {}}},
-    }}}
-    import yaml
-    (dest / "hosts.yml").write_text("# Written by `specdeploy sandbox up`.\n" + yaml.safe_dump(inv, sort_keys=False))
-    artifacts = STATE / "artifacts"
-    gv = {
-        "ansible_user": "root",
-        "ansible_ssh_private_key_file": str(key),
-        "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
-        "ansible_python_interpreter": "/usr/bin/python3",
-        "specdeploy_sandbox": True,
-        "specdeploy_runtime": runtime,
-        "specdeploy_engine": engine,
-        # each engine's release: editing specdeploy_engine alone switches the hosts to the other engine
-        "specdeploy_engine_versions": {e.name: e.sandbox_version for e in engine_adapters()},
-        "specdeploy_hardware": "rtx_pro_6000_pcie",
-        "specdeploy_model_path": "/models/kimi-k2.5-int4",
-        "specdeploy_model_source": "controller",
-        "specdeploy_model_controller_path": str(artifacts / "kimi-k2.5-int4"),
-        "specdeploy_served_model_name": "moonshotai/Kimi-K2.5",
-        "specdeploy_spec_enabled": True,
-        "specdeploy_spec_method": "eagle3",
-        "specdeploy_drafter_path": "/models/kimi-k2.5-eagle3",
-        "specdeploy_drafter_controller_path": str(artifacts / "kimi-k2.5-eagle3"),
-        "specdeploy_spec_num_tokens": 3,
-        "specdeploy_port": 8000,
-        "specdeploy_router": "sglang-router" if len(hosts) > 1 else "none",
-        "specdeploy_engine_env": {"SPECDEPLOY_SIM_LOAD_SECONDS": "3", "SPECDEPLOY_SIM_STEP_MS": "5"},
-    }
-    if real_engine:
-        gv.update(real_engine_vars(real_engine, target))
-    elif runtime == "docker":
-        gv["engine_image_sandbox_base"] = base_image_tag(rootfs_path())
-    (dest / "group_vars" / "specdeploy_engines.yml").write_text(
-        "---\n# Written by `specdeploy sandbox up`; edit freely: specdeploy_engine: sglang switches both hosts to "
-        "SGLang\n# (its release is in specdeploy_engine_versions).\n"
-        + yaml.safe_dump(gv, sort_keys=False))
-    return dest
-
-
-def real_engine_vars(version: str, target: str = "deepseek_v3") -> dict:
-    """The variables of a sandbox host that serves a tiny real ``target`` with the real vLLM ``version``: the
-    CPU build's needs (its KV-cache size, eager mode, a short context, one rank) through the ordinary variables."""
-    from specdeploy.testing import realengine, tinymodels
-    model = tinymodels.target(target)
-    return {
-        "specdeploy_runtime": "venv", "specdeploy_sandbox_engine": "real", "specdeploy_engine": realengine.ENGINE,
-        "specdeploy_engine_version": version, "specdeploy_engine_venv_path": str(realengine.venv(version)),
-        "specdeploy_hardware": "h200_nvl8", "specdeploy_tensor_parallel_size": 1,
-        "specdeploy_model_path": f"/models/tiny-{target}",
-        "specdeploy_model_controller_path": str(model),
-        "specdeploy_drafter_path": f"/models/tiny-{target}-eagle3",
-        "specdeploy_drafter_controller_path": str(tinymodels.drafter(target, "good")),
-        "specdeploy_served_model_name": f"tiny-{target}", "specdeploy_spec_num_tokens": 1,
-        "specdeploy_max_model_len": 512, "specdeploy_engine_extra_args": ["--max-num-seqs", "4", "--enforce-eager"],
-        # TORCH_COMPILE_DISABLE: the hosts have no C++ compiler, which torch's inductor needs for the few small
-        # functions vLLM compiles even with --enforce-eager (the vocabulary mask of a tensor-parallel embedding,
-        # so a group's ranks need it); they run eagerly instead
-        "specdeploy_engine_env": {**realengine.env(version, realengine.uses_mla(model)),
-                                  "TORCH_COMPILE_DISABLE": "1"},
-        "specdeploy_router": "none",
-    }
-
-
-ARTIFACT_MODEL = "kimi-k2.5-int4"
-ARTIFACT_DRAFTER = "kimi-k2.5-eagle3"
-
-
-def _example_model() -> Path:
-    return Path(__file__).resolve().parents[3] / "examples" / "models" / ARTIFACT_MODEL
+    base = base_image_tag(rootfs_path()) if runtime == "docker" and not real_engine else None
+    return _inventory.write_inventory(hosts, dest, key, STATE / "artifacts", base, engine, runtime, real_engine,
+                                      target)
 
 
 def artifacts_key() -> str:
     """What the sandbox checkpoints are made of: the fixture code and the example model's non-weight files."""
-    from specdeploy.testing import fixtures
-    return _cache.inputs_key(Path(fixtures.__file__), _build_artifacts, _example_model())
-
-
-def _build_artifacts(out: Path):
-    from specdeploy.testing.fixtures import drafter_config, write_drafter, write_model
-    # a realistic-size sparse EAGLE-3 drafter (trained convention: vLLM ids, layers.0.*)
-    write_drafter(out / ARTIFACT_DRAFTER, drafter_config(eagle_config=None))
-    # a small sharded checkpoint with every non-weight file a real Kimi-K2.5 checkpoint carries
-    example = _example_model()
-    m = write_model(out / ARTIFACT_MODEL, json.loads((example / "config.json").read_text()))
-    for f in sorted(example.iterdir()):
-        if f.is_file() and f.name != "config.json":
-            shutil.copyfile(f, m / f.name)
+    return _inventory.artifacts_key()
 
 
 def artifacts(progress=None) -> Path:
     """The sandbox's model and drafter, under STATE/artifacts, keyed by their inputs: a set written by other
     code or from other example files is rebuilt (beside, then renamed in), never reused. Returns the drafter."""
-    root = _cache.build_entry(STATE / "artifacts", artifacts_key(), _build_artifacts, STATE / "artifacts.lock",
-                              "sandbox artifact build", progress)
+    root = _cache.build_entry(STATE / "artifacts", artifacts_key(), _inventory.build_artifacts,
+                              STATE / "artifacts.lock", "sandbox artifact build", progress)
     return root / ARTIFACT_DRAFTER
