@@ -245,7 +245,7 @@ def topo_cmd(matrix: Path = typer.Option(None, "--matrix", help="Saved `nvidia-s
              cmdline: Optional[Path] = typer.Option(None, "--cmdline")):
     """Explain when P2P can or cannot be used on this host (reads live tools when no file is given)."""
     import subprocess
-    from specdeploy.nccl.topo import explain, iommu_mode, parse_acs, parse_topo_matrix
+    from specdeploy.nccl.pcie import explain, iommu_mode, parse_acs, parse_topo_matrix
 
     def read(path, cmd, option):
         if path:

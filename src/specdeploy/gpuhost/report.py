@@ -9,9 +9,9 @@ from specdeploy.gpuhost import groupnet
 from specdeploy.gpuhost.fabric import FabricManager, parse_fabricmanager
 from specdeploy.gpuhost.install import cuda_repo_path, docker_daemon_config, install_plan
 from specdeploy.gpuhost.smi import SMI_QUERY, Smi, parse_smi
-from specdeploy.gpuhost.topology import Acs, iommu_state, nvlink_gaps, open_kernel_module, parse_acs_state, parse_topo
+from specdeploy.gpuhost.pcie import Acs, iommu_state, nvlink_gaps, open_kernel_module, parse_acs_state, parse_topo
 from specdeploy.gpuhost.versions import SM_MIN_CUDA, _fmt, driver_cuda, image_cuda, version
-from specdeploy.nccl.topo import Topology
+from specdeploy.nccl.pcie import PcieTopology
 from specdeploy.values.errors import Report
 from specdeploy.values.hardware import HardwareProfile
 
@@ -68,7 +68,7 @@ class HostFacts:
     codename: str = ""
     arch: str = "x86_64"
     smi: Smi | None = None
-    topo: Topology | None = None
+    topo: PcieTopology | None = None
     acs: Acs | None = None
     iommu: str = "unknown"
     open_modules: bool | None = None

@@ -277,27 +277,22 @@ def _lat(rec: dict, mode: str) -> dict[int, float]:
     return {int(k): v["median_us"] for k, v in rec.get(mode, {}).items()}
 
 
-def choose(results: dict | list, mode: str = "graph", batch_mix: str | None = None,
-           prefill_tolerance: float = 0.03, prefill_min_tokens: int = 2048, min_gain: float = 0.03,
-           min_rounds: int = 3, traffic: Traffic | None = None) -> Choice:
-    """``results``: one results dict, or a list of (source name, results dict)."""
-    items = [("results", results)] if isinstance(results, dict) else list(results)
-    meta, rounds = load_rounds(items)
-    traffic = traffic or ALL_SIZES
-    hidden = meta["hidden"]
-    ok_rounds = [r for r in rounds if r.runs.get("default", {}).get("status") == "ok" and r.runs["default"].get(mode)]
-    if not ok_rounds:
-        raise ChooseError(f"no round has a successful 'default' run in mode '{mode}' to compare against")
-    sizes = sorted(_lat(ok_rounds[0].runs["default"], mode))
-    mix = parse_batch_mix(batch_mix, sizes)
+def _decode_weights(mix: dict[int, float], sizes: list[int], traffic: Traffic, hidden: int,
+                    prefill_min_tokens: int) -> tuple[dict[int, float], list[int], list[int], list[int]]:
+    """(the batch mix's weights over the sizes that reach NCCL, normalised; the mix's sizes NCCL never carries; the
+    sizes whose path is unknown; the prefill sizes that may reach NCCL)."""
     reach = {t: traffic.reaches_nccl(t * hidden * 2) for t in sizes}
     weights = {t: w for t, w in mix.items() if reach[t] is not False}
     total = sum(weights.values())
     weights = {t: w / total for t, w in weights.items()} if total > 0 else {}
-    not_nccl = sorted(t for t in mix if reach[t] is False)
-    unknown = sorted(t for t in sizes if reach[t] is None)
-    prefill = [t for t in sizes if t >= prefill_min_tokens and reach[t] is not False]
+    return (weights, sorted(t for t in mix if reach[t] is False), sorted(t for t in sizes if reach[t] is None),
+            [t for t in sizes if t >= prefill_min_tokens and reach[t] is not False])
 
+
+def _measure(meta: dict, rounds: list[Round], ok_rounds: list[Round], mode: str, weights: dict[int, float],
+             prefill: list[int]) -> dict[str, Candidate]:
+    """Every candidate's paired ratios against the default in the same round: the weighted decode latency and
+    each prefill size, with the runs that failed."""
     def weighted(lat: dict[int, float]) -> float | None:
         if not weights or any(t not in lat for t in weights):
             return None
@@ -332,37 +327,36 @@ def choose(results: dict | list, mode: str = "graph", batch_mix: str | None = No
         c.decode = paired(dec)
         c.prefill = {t: p for t, xs in pre.items() if (p := paired(xs))}
         cands[n] = c
-    aa = cands.pop(AA_NAME, None)
-    n_rounds = len(ok_rounds)
-    floor = None
-    if aa and aa.decode:
-        floor = max(abs(1 - aa.decode.lo), abs(aa.decode.hi - 1))
-    eligible = {}
-    for n, c in cands.items():
-        if n == "default":
-            c.verdict = "default"
-            continue
-        slow = sorted(((t, p) for t, p in c.prefill.items() if p.ratio > 1 + prefill_tolerance and p.lo > 1),
-                      key=lambda tp: -tp[1].ratio)
-        if c.failures:
-            c.verdict = f"failed in {len(c.failures)} run(s): {c.failures[0]}"
-        elif not weights:
-            c.verdict = "no weighted decode size reaches NCCL"
-        elif c.decode is None:
-            c.verdict = "missing weighted sizes"
-        elif c.decode.rounds < min_rounds:
-            c.verdict = f"only {c.decode.rounds} round(s); {min_rounds} needed to tell a gain from run-to-run noise"
-        elif slow:
-            c.verdict = f"prefill {slow[0][0]} tokens slower beyond noise: {slow[0][1].fmt()}"
-        elif c.decode.ratio > 1 - min_gain:
-            c.verdict = f"gain {100 * (1 - c.decode.ratio):.1f}% < {100 * min_gain:.0f}%"
-        elif c.decode.hi >= 1:
-            c.verdict = f"interval includes no gain (faster in {c.decode.wins}/{c.decode.rounds} rounds)"
-        elif floor is not None and 1 - c.decode.ratio <= floor:
-            c.verdict = f"gain {100 * (1 - c.decode.ratio):.1f}% within the A/A noise floor ±{100 * floor:.1f}%"
-        else:
-            c.verdict = "eligible"
-            eligible[n] = c.decode.ratio
+    return cands
+
+
+def _verdict(c: Candidate, weights: dict, floor: float | None, min_rounds: int, min_gain: float,
+             prefill_tolerance: float) -> str:
+    """Why a candidate may (``eligible``) or may not replace the default."""
+    slow = sorted(((t, p) for t, p in c.prefill.items() if p.ratio > 1 + prefill_tolerance and p.lo > 1),
+                  key=lambda tp: -tp[1].ratio)
+    if c.failures:
+        return f"failed in {len(c.failures)} run(s): {c.failures[0]}"
+    if not weights:
+        return "no weighted decode size reaches NCCL"
+    if c.decode is None:
+        return "missing weighted sizes"
+    if c.decode.rounds < min_rounds:
+        return f"only {c.decode.rounds} round(s); {min_rounds} needed to tell a gain from run-to-run noise"
+    if slow:
+        return f"prefill {slow[0][0]} tokens slower beyond noise: {slow[0][1].fmt()}"
+    if c.decode.ratio > 1 - min_gain:
+        return f"gain {100 * (1 - c.decode.ratio):.1f}% < {100 * min_gain:.0f}%"
+    if c.decode.hi >= 1:
+        return f"interval includes no gain (faster in {c.decode.wins}/{c.decode.rounds} rounds)"
+    if floor is not None and 1 - c.decode.ratio <= floor:
+        return f"gain {100 * (1 - c.decode.ratio):.1f}% within the A/A noise floor ±{100 * floor:.1f}%"
+    return "eligible"
+
+
+def _pick(cands: dict[str, Candidate], eligible: dict[str, float], weights: dict, n_rounds: int, min_rounds: int,
+          traffic: Traffic) -> tuple[str, str]:
+    """(the chosen candidate, why): the fastest eligible one, else the default and the reason none won."""
     if eligible:
         chosen = min(eligible, key=eligible.get)
         c = cands[chosen]
@@ -370,18 +364,20 @@ def choose(results: dict | list, mode: str = "graph", batch_mix: str | None = No
         for n in eligible:
             if n != chosen:
                 cands[n].verdict = f"eligible, but {chosen} is faster"
-        reason = (f"{chosen}: weighted decode {c.decode.fmt()} of the default over {c.decode.rounds} rounds "
-                  f"(faster in {c.decode.wins}), no prefill size slower beyond noise")
-    else:
-        chosen = "default"
-        if not weights:
-            reason = (f"NCCL carries none of the weighted decode sizes ({traffic.label}): "
-                      "an NCCL environment cannot change decode latency, so the default stays")
-        elif n_rounds < min_rounds:
-            reason = (f"only {n_rounds} round(s) with a default run; at least {min_rounds} interleaved rounds "
-                      "are needed to tell a gain from run-to-run noise, so the default stays")
-        else:
-            reason = "no candidate beats the default consistently beyond noise, so the default stays"
+        return chosen, (f"{chosen}: weighted decode {c.decode.fmt()} of the default over {c.decode.rounds} rounds "
+                        f"(faster in {c.decode.wins}), no prefill size slower beyond noise")
+    if not weights:
+        return "default", (f"NCCL carries none of the weighted decode sizes ({traffic.label}): "
+                           "an NCCL environment cannot change decode latency, so the default stays")
+    if n_rounds < min_rounds:
+        return "default", (f"only {n_rounds} round(s) with a default run; at least {min_rounds} interleaved rounds "
+                           "are needed to tell a gain from run-to-run noise, so the default stays")
+    return "default", "no candidate beats the default consistently beyond noise, so the default stays"
+
+
+def _per_size(cands: dict[str, Candidate], ok_rounds: list[Round], mode: str, sizes: list[int],
+              aa: Candidate | None) -> tuple[dict[str, dict[int, float]], dict[int, str]]:
+    """Each candidate's pooled median latency per size, and the fastest candidate that never failed per size."""
     pooled = {}
     for n in list(cands) + ([AA_NAME] if aa else []):
         per = [_lat(r.runs[n], mode) for r in ok_rounds if r.runs.get(n, {}).get("status") == "ok"]
@@ -389,12 +385,40 @@ def choose(results: dict | list, mode: str = "graph", batch_mix: str | None = No
             pooled[n] = {t: statistics.median(p[t] for p in per if t in p) for t in sizes if any(t in p for p in per)}
     pooled.pop(AA_NAME, None)
     ok_names = [n for n in pooled if not cands[n].failures]
-    per_size = {t: min((n for n in ok_names if t in pooled[n]), key=lambda n: pooled[n][t]) for t in sizes}
+    return pooled, {t: min((n for n in ok_names if t in pooled[n]), key=lambda n: pooled[n][t]) for t in sizes}
+
+
+def choose(results: dict | list, mode: str = "graph", batch_mix: str | None = None,
+           prefill_tolerance: float = 0.03, prefill_min_tokens: int = 2048, min_gain: float = 0.03,
+           min_rounds: int = 3, traffic: Traffic | None = None) -> Choice:
+    """``results``: one results dict, or a list of (source name, results dict)."""
+    items = [("results", results)] if isinstance(results, dict) else list(results)
+    meta, rounds = load_rounds(items)
+    traffic = traffic or ALL_SIZES
+    ok_rounds = [r for r in rounds if r.runs.get("default", {}).get("status") == "ok" and r.runs["default"].get(mode)]
+    if not ok_rounds:
+        raise ChooseError(f"no round has a successful 'default' run in mode '{mode}' to compare against")
+    sizes = sorted(_lat(ok_rounds[0].runs["default"], mode))
+    weights, not_nccl, unknown, prefill = _decode_weights(parse_batch_mix(batch_mix, sizes), sizes, traffic,
+                                                          meta["hidden"], prefill_min_tokens)
+    cands = _measure(meta, rounds, ok_rounds, mode, weights, prefill)
+    aa = cands.pop(AA_NAME, None)
+    floor = max(abs(1 - aa.decode.lo), abs(aa.decode.hi - 1)) if aa and aa.decode else None
+    eligible = {}
+    for n, c in cands.items():
+        c.verdict = "default" if n == "default" else _verdict(c, weights, floor, min_rounds, min_gain,
+                                                              prefill_tolerance)
+        if c.verdict == "eligible":
+            eligible[n] = c.decode.ratio
+    chosen, reason = _pick(cands, eligible, weights, len(ok_rounds), min_rounds, traffic)
+    pooled, per_size = _per_size(cands, ok_rounds, mode, sizes, aa)
     per_size_w = sum(w * pooled[per_size[t]][t] for t, w in weights.items()) if weights else None
-    rows = tuner_rows({n: {"env": cands[n].env} for n in ok_names}, per_size, sizes, hidden, meta["gpus"] or -1)
+    ok_names = [n for n in pooled if not cands[n].failures]
+    rows = tuner_rows({n: {"env": cands[n].env} for n in ok_names}, per_size, sizes, meta["hidden"],
+                      meta["gpus"] or -1)
     criteria = {"min_gain": min_gain, "min_rounds": min_rounds, "prefill_tolerance": prefill_tolerance,
                 "interval": "95% paired bootstrap over rounds (geometric mean of per-round ratios)"}
-    return Choice(mode, chosen, dict(cands[chosen].env), reason, cands, aa, n_rounds,
+    return Choice(mode, chosen, dict(cands[chosen].env), reason, cands, aa, len(ok_rounds),
                   sorted({r.source for r in rounds}), traffic, weights, not_nccl, unknown, per_size, per_size_w,
                   rows, meta["gpus"] or 0, criteria)
 

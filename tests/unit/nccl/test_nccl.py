@@ -9,7 +9,7 @@ from specdeploy.engines import AllReducePath
 from specdeploy.nccl import default_candidates
 from specdeploy.nccl import tune as tune_mod
 from specdeploy.nccl.choose import ChooseError, choose, load_rounds, parse_batch_mix
-from specdeploy.nccl.topo import explain, iommu_mode, parse_acs, parse_topo_matrix
+from specdeploy.nccl.pcie import explain, iommu_mode, parse_acs, parse_topo_matrix
 from specdeploy.nccl.traffic import Traffic, traffic
 from specdeploy.plan import plan
 from helpers import TESTS

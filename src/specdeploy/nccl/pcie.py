@@ -1,4 +1,4 @@
-"""Topology checks that explain when NCCL P2P cannot or should not be used: ``nvidia-smi topo -m``,
+"""PcieTopology checks that explain when NCCL P2P cannot or should not be used: ``nvidia-smi topo -m``,
 PCIe ACS redirect (``lspci -vvv``) and the IOMMU mode (kernel command line)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ P2P_LEVEL_FOR = {"NV": "NVL", "PIX": "PIX", "PXB": "PXB", "PHB": "PHB", "NODE": 
 
 
 @dataclass
-class Topology:
+class PcieTopology:
     gpus: list[str]
     links: dict[tuple[str, str], str] = field(default_factory=dict)
 
@@ -23,14 +23,14 @@ class Topology:
         return bool(self.links) and all(v.startswith("NV") for v in self.links.values())
 
 
-def parse_topo_matrix(text: str) -> Topology:
+def parse_topo_matrix(text: str) -> PcieTopology:
     lines = [line.rstrip() for line in text.splitlines() if line.strip()]
     header = next((line for line in lines if re.match(r"^\s*GPU0\b", line)), None)
     if header is None:
         raise ValueError("not an `nvidia-smi topo -m` matrix: no GPU0 header")
     cols = header.split()
     gpu_cols = [c for c in cols if re.fullmatch(r"GPU\d+", c)]
-    topo = Topology(gpus=gpu_cols)
+    topo = PcieTopology(gpus=gpu_cols)
     for line in lines:
         parts = line.split()
         if not parts or not re.fullmatch(r"GPU\d+", parts[0]):
@@ -69,7 +69,7 @@ def iommu_mode(cmdline: str, iommu_groups: int | None = None) -> str:
     return "unknown"
 
 
-def explain(topo: Topology, acs: dict[str, bool] | None = None, iommu: str = "unknown") -> list[str]:
+def explain(topo: PcieTopology, acs: dict[str, bool] | None = None, iommu: str = "unknown") -> list[str]:
     notes = []
     worst = topo.worst_link()
     if topo.nvlink_all:

@@ -4,10 +4,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from specdeploy.nccl.topo import Topology, iommu_mode, parse_acs, parse_topo_matrix
+from specdeploy.nccl.pcie import PcieTopology, iommu_mode, parse_acs, parse_topo_matrix
 
 
-def parse_topo(text: str) -> Topology:
+def parse_topo(text: str) -> PcieTopology:
     """``nvidia-smi topo -m``; also a matrix pasted without its header row: GPU columns come first, so row GPUk
     names its links to GPU0..GPU(n-1) for the n rows present."""
     first = next((ln.split() for ln in text.splitlines() if re.match(r"^\s*GPU0\b", ln)), None)
@@ -17,7 +17,7 @@ def parse_topo(text: str) -> Topology:
     if not rows:
         raise ValueError("not an `nvidia-smi topo -m` matrix: no GPU rows")
     names = [r[0] for r in rows]
-    topo = Topology(gpus=names)
+    topo = PcieTopology(gpus=names)
     for r in rows:
         for col, val in zip(names, r[1:]):
             if col != r[0]:
@@ -25,7 +25,7 @@ def parse_topo(text: str) -> Topology:
     return topo
 
 
-def nvlink_gaps(topo: Topology) -> dict[str, list[str]]:
+def nvlink_gaps(topo: PcieTopology) -> dict[str, list[str]]:
     """GPU -> the GPUs it reaches without NVLink (only pairs the matrix shows)."""
     out: dict[str, list[str]] = {}
     for (a, b), v in topo.links.items():
