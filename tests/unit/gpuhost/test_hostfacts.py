@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from helpers import REPO
-from specdeploy.gpuhost import fabric, install, pcie, remote, report, versions
+from specdeploy.gpuhost import fabric, install, remote, report, versions
+from specdeploy.gpuhost import pcie as pcie_topo
 from specdeploy.gpuhost import smi as nvsmi
 from specdeploy.values.hardware import PROFILES
 from specdeploy.hostvars.schema import validate_host
@@ -57,13 +58,13 @@ def test_nvidia_smi_csv_with_and_without_header():
 
 @pytest.mark.parametrize("name,e", cases("topo"))
 def test_topology(name, e):
-    topo = pcie.parse_topo((DATA / "topo" / name).read_text())
+    topo = pcie_topo.parse_topo((DATA / "topo" / name).read_text())
     t = e["truth"]
     assert len(topo.gpus) == t["gpus"]
     if "worst" in t:
         assert topo.worst_link() == t["worst"]
     if "nvlink_gaps" in t:
-        gaps = pcie.nvlink_gaps(topo)
+        gaps = pcie_topo.nvlink_gaps(topo)
         for gpu, peers in t["nvlink_gaps"].items():
             assert sorted(gaps[gpu]) == peers
         assert not {g for g in gaps if g not in t["nvlink_gaps"]} - {p for ps in t["nvlink_gaps"].values()
@@ -72,7 +73,7 @@ def test_topology(name, e):
 
 @pytest.mark.parametrize("name,e", cases("acs"))
 def test_acs(name, e):
-    acs = pcie.parse_acs_state((DATA / "acs" / name).read_text())
+    acs = pcie_topo.parse_acs_state((DATA / "acs" / name).read_text())
     assert acs.checked == e["truth"]["checked"] and len(acs.redirect) == e["truth"]["redirect"]
 
 
@@ -81,7 +82,7 @@ def test_acs_with_addresses_goes_through_the_nccl_parser():
             "\t\tACSCtl:\tSrcValid+ TransBlk- ReqRedir- CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-\n"
             "00:03.1 PCI bridge: Advanced Micro Devices [AMD] Starship/Matisse GPP Bridge\n"
             "\t\tACSCtl:\tSrcValid+ TransBlk- ReqRedir- CmpltRedir- UpstreamFwd+ EgressCtrl- DirectTrans-\n")
-    assert pcie.parse_acs_state(text) == pcie.Acs(["00:01.1"], 2)
+    assert pcie_topo.parse_acs_state(text) == pcie_topo.Acs(["00:01.1"], 2)
 
 
 @pytest.mark.parametrize("name,e", cases("fabricmanager"))
@@ -93,15 +94,15 @@ def test_fabric_manager(name, e):
 
 @pytest.mark.parametrize("name,e", cases("cmdline"))
 def test_kernel_command_line(name, e):
-    assert pcie.iommu_state((DATA / "cmdline" / name).read_text()) == e["truth"]["iommu"]
+    assert pcie_topo.iommu_state((DATA / "cmdline" / name).read_text()) == e["truth"]["iommu"]
 
 
 def test_open_kernel_module_and_driver_from_nvrm_version():
     open_ = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (dvs-builder@U16)\n"
     prop = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.05  Tue Oct  8 03:22:07 UTC 2024\n"
-    assert pcie.open_kernel_module(open_) is True and pcie.nvrm_driver(open_) == "580.95.05"
-    assert pcie.open_kernel_module(prop) is False and pcie.nvrm_driver(prop) == "550.127.05"
-    assert pcie.open_kernel_module("cat: /proc/driver/nvidia/version: No such file or directory") is None
+    assert pcie_topo.open_kernel_module(open_) is True and pcie_topo.nvrm_driver(open_) == "580.95.05"
+    assert pcie_topo.open_kernel_module(prop) is False and pcie_topo.nvrm_driver(prop) == "550.127.05"
+    assert pcie_topo.open_kernel_module("cat: /proc/driver/nvidia/version: No such file or directory") is None
 
 
 def test_image_cuda_from_recorded_release_dockerfiles():
@@ -201,7 +202,7 @@ def test_fabric_manager_failed_and_nvlsm_missing_on_b200():
 
 
 def test_missing_nvlink_on_an_nvswitch_host():
-    topo = pcie.parse_topo((DATA / "topo" / "b200-gpu2-without-nvlink-vllm16336.txt").read_text())
+    topo = pcie_topo.parse_topo((DATA / "topo" / "b200-gpu2-without-nvlink-vllm16336.txt").read_text())
     rep = report.check_host("b200", hv(), facts(smi=full_b200(), topo=topo, fabric=fabric.FabricManager("running"),
                                             packages={"nvlsm": "1"}, fm_version="580.95.05"))
     [f] = errors(rep, "NVLink")
@@ -216,7 +217,7 @@ def rtx_facts(**kw):
 
 
 def test_acs_on_with_p2p_on_is_an_error_unless_disabled_or_p2p_off():
-    acs = pcie.parse_acs_state((DATA / "acs" / "mixed-nccl523.txt").read_text())
+    acs = pcie_topo.parse_acs_state((DATA / "acs" / "mixed-nccl523.txt").read_text())
     pcie = hv(specdeploy_hardware="rtx_pro_6000_pcie")
     rep = report.check_host("rtx1", pcie, rtx_facts(acs=acs, iommu="passthrough"))
     [f] = errors(rep, "ACS")
@@ -224,13 +225,13 @@ def test_acs_on_with_p2p_on_is_an_error_unless_disabled_or_p2p_off():
     assert not errors(report.check_host("rtx1", pcie, rtx_facts(acs=acs, iommu="passthrough"), acs_disable=True), "ACS")
     p2p_off = hv(specdeploy_hardware="rtx_pro_6000_pcie", specdeploy_nccl_env={"NCCL_P2P_DISABLE": "1"})
     assert report.check_host("rtx1", p2p_off, rtx_facts(acs=acs, iommu="translated")).ok
-    clean = pcie.parse_acs_state((DATA / "acs" / "all-off-nccl1405.txt").read_text())
+    clean = pcie_topo.parse_acs_state((DATA / "acs" / "all-off-nccl1405.txt").read_text())
     assert report.check_host("rtx1", pcie, rtx_facts(acs=clean, iommu="passthrough")).ok
 
 
 def test_translated_iommu_fails_with_p2p_on():
-    clean = pcie.parse_acs_state((DATA / "acs" / "all-off-nccl1405.txt").read_text())
-    mode = pcie.iommu_state((DATA / "cmdline" / "intel-iommu-on-i915sriov389.txt").read_text())
+    clean = pcie_topo.parse_acs_state((DATA / "acs" / "all-off-nccl1405.txt").read_text())
+    mode = pcie_topo.iommu_state((DATA / "cmdline" / "intel-iommu-on-i915sriov389.txt").read_text())
     rep = report.check_host("rtx1", hv(specdeploy_hardware="rtx_pro_6000_pcie"), rtx_facts(acs=clean, iommu=mode))
     [f] = errors(rep, "IOMMU")
     assert "iommu=pt" in f.fix
@@ -337,7 +338,7 @@ def test_recorded_h200_host_end_to_end():
            + "@@begin nvrm\nNVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build\n"
            "@@end nvrm 0\n")
     f = report.facts_from_sections(report.split_sections(out))
-    assert f.smi.cuda == "13.0" and f.open_modules is True and pcie.nvlink_gaps(f.topo) == {}
+    assert f.smi.cuda == "13.0" and f.open_modules is True and pcie_topo.nvlink_gaps(f.topo) == {}
     assert {g.fabric_state for g in f.smi.gpus} == {"Completed"}
     rep = report.check_host("h200", hv(specdeploy_hardware="h200_nvl8", specdeploy_engine_version="0.20.0"), f)
     assert [x.subject for x in rep.errors] == ["GPU count", "fabric manager"]  # 2 of 8 GPUs; no fabric manager seen
