@@ -31,6 +31,10 @@ READY = re.compile(r"Application startup complete|Uvicorn running on|The server 
 START_TIMEOUT = ("It was stopped while the model was still loading: if no one stopped it, the orchestrator's start "
                  "timeout did (systemd TimeoutStartSec = specdeploy_start_timeout, a Kubernetes startupProbe, a "
                  "platform's load timeout); give the load more time.")
+NOT_IN_LOG = ("The cause is not in this log. Capture the complete output from the start of the load, every process "
+              "included (journalctl -u UNIT --no-pager; kubectl logs POD --all-containers --previous; docker logs "
+              "CONTAINER), the kernel log for OOM kills (journalctl -k), and the orchestrator's events (systemctl "
+              "status, kubectl describe pod).")
 OOM_KILLER_FIX = ("The kernel's OOM killer ended the engine: host RAM (or the container's memory limit), not GPU "
                   "memory, ran out (loading shards, pinned memory, CPU offload, many workers). Give the host or "
                   "container more memory, lower CPU-side buffers (--swap-space, CPU offload), or load fewer shards "
@@ -106,8 +110,12 @@ def decide(recs: list[Record], kernel) -> Triage:
     shut_excs = [e for e in evs if e.kind == "exception" and shutdown_exception(e.text)]
     causal: list[tuple[Evidence, str]] = []
     wrappers: list[Evidence] = []
+    noise: list[Evidence] = []
     for e in evs:
         if e in shut_excs:
+            continue
+        if e.noise:
+            noise.append(e)
             continue
         msg = _unwrap(e) if e.kind == "exception" else None
         if msg:
@@ -121,12 +129,15 @@ def decide(recs: list[Record], kernel) -> Triage:
         if e.label in EXPLAINED and any(o.order > e.order and EXPLAINED[e.label](e, o, t) for o, t in causal):
             causal.remove((e, text))
             supporting.append(e)
+    # the root is the first strong evidence; a typeless error line or a mere mention only when nothing stronger is
+    # anywhere in the run (a later traceback outranks an earlier "ERROR: something failed")
+    causal = [c for c in causal if not c[0].weak] + [c for c in causal if c[0].weak]
     kernel_kills = [ln.strip() for ln in (kernel or []) if re.search(r"Out of memory: Killed process|oom-kill:", ln)
                     and ENGINE_PROC.search(ln)]
     first_request = requests[0] if requests else (shut_excs[0].rec if shut_excs else None)
     if causal:
         e, text = causal[0]
-        if first_request is not None and e.kind != "kill" and first_request.n < e.rec.n:
+        if first_request is not None and e.kind != "kill" and _index(recs, first_request) < _index(recs, e.rec):
             return _clean(recs, first_request, "a stop was requested before anything failed; what failed after it "
                                                "was the stop's consequence")
         if e.kind == "kill":
@@ -135,8 +146,8 @@ def decide(recs: list[Record], kernel) -> Triage:
     if kernel_kills:
         return Triage("killed", kernel_kills[-1], None, None, "host-oom-killer", OOM_KILLER_FIX, HIGH,
                       evidence=[{"line": None, "text": k[:500], "why": "kernel log"} for k in kernel_kills[-3:]])
-    if wrappers and (first_request is None or first_request.n > wrappers[0].rec.n):
-        e = wrappers[-1]
+    if wrappers and (first_request is None or _index(recs, first_request) > _index(recs, wrappers[0].rec)):
+        e = ([w for w in wrappers if w.kind == "exception"] or wrappers)[-1]
         nxt = ("Only the engine's wrapper was logged, not the failing worker's exception: read the complete log from "
                "the start of the load (journalctl -u UNIT, or every worker's output) and raise the level "
                "(VLLM_LOGGING_LEVEL=DEBUG / --log-level debug).")
@@ -151,9 +162,14 @@ def decide(recs: list[Record], kernel) -> Triage:
                       "The engine shut down without saying why: no failure and no stop request in these lines. Read "
                       "the lines before the shutdown, and the orchestrator's events (systemctl status, kubectl "
                       "describe pod) for who stopped it.")
+    if noise:
+        return Triage("no-exception-found", None, None, None, None, None, None, evidence=[
+            _ev(e.rec, "teardown or a notice, not a cause") for e in noise[:3]], next_step=(
+            "Only teardown noise or harmless notices are in these lines (an exception printed while the interpreter "
+            "exited, a fallback taken, a readiness poll). " + NOT_IN_LOG))
     return Triage("no-exception-found", None, None, None, None, None, None, next_step=(
         "No exception, no kill and no shutdown in these lines: the log may be cut before the failure, or the engine "
-        "hung. Give the complete log (journalctl -u UNIT --no-pager), and for hangs py-spy dump the workers."))
+        "hung (for a hang, py-spy dump the workers). " + NOT_IN_LOG))
 
 
 def _clean(recs: list[Record], r: Record, why: str) -> Triage:
