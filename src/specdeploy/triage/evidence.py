@@ -90,7 +90,7 @@ LINES = [
     ("native", "heap", re.compile(_HEAP)),
     ("native", "check", re.compile(r"(?:Check failed|CHECK failed|CHECK_\w+ failed)[:\s].{0,400}|"
                                    r"Assertion failed: .{3,400}")),
-    ("device", "cuda-assert", re.compile(r"\S.{0,300}?Assertion [`'].{1,400}['`] failed\.?")),
+    ("device", "cuda-assert", re.compile(r"\S[^`']{0,300}?Assertion [`'][^\n]{1,400}?['`] failed\.?")),
     ("device", "cuda-driver", re.compile(r"CUDA driver error: .+|CUDA_ERROR_[A-Z_]+.*|Cuda failure '[^']+'.*|"
                                          r"Triton Error \[CUDA\]: .+")),
     ("device", "hsa", re.compile(r"HSA_STATUS_ERROR_\w+.*")),
@@ -130,12 +130,15 @@ NOTICE = re.compile(r"(?i)\bfall(?:ing|s)?\s?back\b|\bfallback\b|\bwill be disab
 # an exception inside a sentence ("Failed to initialize Python stub: TypeError: ...")
 EMBEDDED = re.compile(r"(?:^|[\s:(\[\"'])(?P<exc>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)(?:\([\w.]*\))?:"
                       r"\s+\S.*)$")
+TYPE_END = re.compile(r"(?:Error|Exception)(?:\([\w.]*\))?:\s")
+SCAN = 4096           # characters of a line that the evidence patterns look at
 # the frames of a front-end's own stack format (Triton's Python backend: "At:" then "  /path/model.py(75): initialize")
 FRAME_AT = re.compile(r"^\s*(?:At:|/\S+\.py\(\d+\): \S+)\s*$")
 # a process that went away, named inside a wrapper's message
 VANISHED = re.compile(r"Engine process \(pid \d+\) died|(?:Worker|Engine core) proc \S+ died unexpectedly|"
                       r"worker process has died|actor died unexpectedly")
-SHUT_HINT = re.compile(r"[Ss]hut|SIG|[Ss]ignal|Stopping|Keyboard|terminated|Gracefully|Finished server|Deactivated")
+SHUT_HINT = re.compile(r"[Ss]hut|SIG|[Ss]ignal|Stopping|Keyboard|terminated|Gracefully|Finished server|Deactivated|"
+                       r"CANCELLED")
 ERROR_LEVELS = ("ERROR", "CRITICAL", "FATAL")
 ERRORISH = re.compile(r"(?i)\b(?:error|errno|failed|failure|cannot|can't|unable|refused|denied|invalid|not found|"
                       r"no such|timed out|out of memory|not supported|unsupported)\b")
@@ -199,6 +202,8 @@ def _stream(body, out: list[Evidence]) -> None:
         if not t:
             cur = None
             continue
+        if len(t) > SCAN:                    # evidence is in a line's head: the rest is data (bounds the regexes)
+            t = t[:SCAN]
         if pending is not None:
             pending.text, pending.rec, pending = t[:2000], r, None
             continue
@@ -269,7 +274,8 @@ def _stream(body, out: list[Evidence]) -> None:
                     break
         message = not NOT_A_MESSAGE.search(r.text) and not DUMP.search(t) and not REQUEST_ERROR.search(t)
         if found is None and message and not (continuation and r.level is None):
-            em = EMBEDDED.search(t)
+            tail = TYPE_END.search(t)
+            em = EMBEDDED.search(t, max(0, tail.start() - 200)) if tail else None
             if em and not NOTICE.search(t):
                 found = Evidence("exception", "embedded", em.group("exc").rstrip('"')[:2000], r, i,
                                  weak=r.level not in ERROR_LEVELS, noise=teardown)
@@ -302,7 +308,7 @@ def collect(recs: list[Record]) -> list[Evidence]:
             j = pos[e.order]
             e.after = [r for _, r in body[j + 1:j + 7]]
             if e.weak and e.label == "embedded":   # a front-end's own stack follows it: a traceback, not a mention
-                nxt = [a.text for a in e.after if a.text.strip()][:2]
+                nxt = [a.text for a in e.after if a.text.strip()][:1]
                 e.weak = not any(FRAME_AT.match(x) for x in nxt)
         out.extend(mine)
     for e in out:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-from specdeploy.triage.evidence import UNWRAP, Evidence, collect, shutdown_exception, shutdowns
+from specdeploy.triage.evidence import UNWRAP, VANISHED, Evidence, collect, shutdown_exception, shutdowns
 from specdeploy.triage.normalise import Record
 from specdeploy.triage.signatures import HIGH, MEDIUM, hint, signature, timeout_signature
 
@@ -35,6 +35,17 @@ NOT_IN_LOG = ("The cause is not in this log. Capture the complete output from th
               "included (journalctl -u UNIT --no-pager; kubectl logs POD --all-containers --previous; docker logs "
               "CONTAINER), the kernel log for OOM kills (journalctl -k), and the orchestrator's events (systemctl "
               "status, kubectl describe pod).")
+PROBE_FIX = ("Kubernetes restarted the container because a probe failed: during the load, raise the startupProbe "
+             "(failureThreshold x periodSeconds above the load time); once serving, the engine stopped answering "
+             "/health: the lines before the restart say why.")
+SCHEDULER = {
+    "TIME LIMIT": ("scheduler-time-limit", "The scheduler ended the job at its time limit: ask for more time "
+                   "(sbatch --time / the partition's limit) for the load plus the serving window, or requeue it."),
+    "PREEMPTION": ("scheduler-preempted", "A higher-priority job preempted this one: use a partition or QOS "
+                   "without preemption, or let it requeue (--requeue)."),
+    "NODE FAILURE": ("scheduler-node-failure", "The scheduler lost the node: check the node's health (sinfo -R, its "
+                     "kernel log) and resubmit on another node."),
+}
 OOM_KILLER_FIX = ("The kernel's OOM killer ended the engine: host RAM (or the container's memory limit), not GPU "
                   "memory, ran out (loading shards, pinned memory, CPU offload, many workers). Give the host or "
                   "container more memory, lower CPU-side buffers (--swap-space, CPU offload), or load fewer shards "
@@ -183,9 +194,10 @@ def _failed(e: Evidence, text: str, supporting: list[Evidence]) -> Triage:
     sig = timeout_signature(e) if e.label == "timeout" else signature(e, text)
     why = {"watchdog": "the exception the NCCL watchdog caught", "pydantic": "the validation error's message",
            "remote-code": "the loader asked to run the model's own code", "nccl-warn": "NCCL's own warning",
-           "timeout": "the first collective timeout"}.get(e.label) or {
+           "timeout": "the first collective timeout", "panic": "a component written in Rust panicked",
+           "embedded": "the exception inside the message", "shell": "the launch script's own error"}.get(e.label) or {
         "exception": "root exception", "error-line": "root error line, no exception type",
-        "device": "the device's own error"}.get(e.kind, "root cause")
+        "device": "the device's own error", "native": "native code aborted"}.get(e.kind, "root cause")
     evidence = [_ev(e.rec, why)]
     name = conf = fix = nxt = None
     if sig:
@@ -204,13 +216,20 @@ def _failed(e: Evidence, text: str, supporting: list[Evidence]) -> Triage:
     return Triage("failed", text, e.location, e.rec.proc, name, fix, conf, e.rec.rank, e.rec.ts, evidence, nxt)
 
 
+def _scheduler_kill(e: Evidence, text: str, ev: list[dict]) -> Triage:
+    ev[0]["why"] = "the scheduler's own line"
+    name, fix = next((v for k, v in SCHEDULER.items() if k in e.text), SCHEDULER["NODE FAILURE"])
+    return Triage("killed", text, None, e.rec.proc, name, fix, HIGH, e.rec.rank, e.rec.ts, ev)
+
+
 def _killed(recs: list[Record], e: Evidence, kernel_kills: list[str], requests: list[Record]) -> Triage:
     sig_no = None
     m = re.search(r"exit code:? (-?\d+)|status=(\d+)/|exited with (?:exit )?code:? (-?\d+)", e.text)
     if m:
         code = int(next(g for g in m.groups() if g is not None))
         sig_no = -code if code < 0 else (code - 128 if code > 128 else (code if "status=" in e.text else None))
-    for word, no in (("Segmentation fault", 11), ("Aborted", 6), ("Bus error", 7), ("OOMKilled", 9)):
+    for word, no in (("Segmentation fault", 11), ("Aborted", 6), ("Bus error", 7), ("OOMKilled", 9),
+                     *((nm, no) for no, nm in SIGNALS.items())):
         if word in e.text:
             sig_no = no
     name = SIGNALS.get(sig_no or 0)
@@ -227,16 +246,25 @@ def _killed(recs: list[Record], e: Evidence, kernel_kills: list[str], requests: 
                       "systemd stopped the engine because the model load took longer than the unit's start timeout: "
                       "raise specdeploy_start_timeout (a trillion-parameter load takes tens of minutes).", HIGH,
                       t[1], t[2], ev)
+    if e.label == "scheduler":
+        return _scheduler_kill(e, text, ev)
+    if e.label == "probe":
+        ev[0]["why"] = "the orchestrator's probe failed and it restarted the container"
+        fix = PROBE_FIX + (" " + START_TIMEOUT if loading else "")
+        return Triage("killed", text, None, t[0], "k8s-probe-restart", fix, MEDIUM, t[1], t[2], ev)
     if name == "SIGTERM" and loading:
         return Triage("killed", text, None, t[0], "start-timeout-likely", START_TIMEOUT, MEDIUM, t[1], t[2], ev)
     if m and sig_no is None and "exit" in e.text:
         nxt = ("The process exited with an error code and no traceback in these lines: read the lines just before "
                "it, and the complete log of that process.")
         return Triage("failed", text, None, t[0], None, "unknown failure: " + nxt, None, t[1], t[2], ev, nxt)
-    oom_line = any(w in e.text for w in ("Out of memory: Killed process", "oom-kill", "OOMKilled"))
+    oom_line = e.label == "oom-killer" or "OOMKilled" in e.text
     if oom_line or (kernel_kills and name in ("SIGKILL", None)):
+        ev[0]["why"] = "the OOM killer's own line" if oom_line else ev[0]["why"]
         ev += [{"line": None, "text": k[:500], "why": "kernel log"} for k in kernel_kills[-3:]]
         return Triage("killed", text, None, t[0], "host-oom-killer", OOM_KILLER_FIX, HIGH, t[1], t[2], ev)
+    if VANISHED.search(e.text):
+        ev[0]["why"] = "a process went away without a traceback of its own; the others only saw it go"
     nxt = ("The process was killed without a traceback. If it was SIGKILL, check the kernel log for the OOM killer: "
            "`specdeploy triage --journal UNIT` (reads journalctl -k) or `journalctl -k | grep -i 'killed process'`; "
            "SIGABRT/SIGSEGV come from native code: look at the lines just before it.")
