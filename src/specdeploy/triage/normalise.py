@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from specdeploy.triage.unwrap import MSG_KEY, ROW, html_text, json_lines, table_cell
+from specdeploy.triage.unwrap import MSG_KEY, ROW, ROW_END, html_text, json_lines, table_cell
 
 MAX_LINE = 20_000     # characters per line looked at
 
@@ -43,7 +43,7 @@ OUTER = [
     re.compile(r"^>\s?"),                                                    # markdown quote
     re.compile(r"^\s*\d{1,6}\s+(?=[(\[])"),                                  # pasted with line numbers
     re.compile(r"^\[pod/[^\]\s/]+/[^\]\s]+\]\s?"),                           # kubectl logs --prefix
-    re.compile(r"^[a-z0-9][a-z0-9.\-]{0,200}-[a-z0-9]{5}\s[a-z0-9][a-z0-9\-]{0,62}\s(?=\S)"),  # stern: pod container
+    re.compile(r"^[a-z0-9][a-z0-9.\-]{0,200}-[a-z0-9]{6,10}-[a-z0-9]{5}\s[a-z0-9][a-z0-9\-]{0,62}\s(?=\S)"),  # stern
     re.compile(r"^[A-Za-z0-9][\w.\-/]{0,62}\s*\|\s?"),                      # docker compose: "vllm-1  | "
     re.compile(r"^\s*[|│┃║]\s?"),                                            # CI tables, table cells: "  | "
     re.compile(r"^(?:INFO|ERROR|WARNING|DEFAULT|DEBUG|NOTICE)\s+\d{4}-\d\d-\d\dT[\d:.]+Z?\s+(?:\[[^\]]{0,200}\]\s*)?"),
@@ -74,7 +74,7 @@ HEADERS = [
                           r"\[[^\]]{0,200}\]\s?")),
     ("loguru", re.compile(rf"^(?P<ts>{DATE}) \| (?P<lvl>{LEVELS}|SUCCESS|TRACE)\s*\| [^|]{{1,200}}? \| ")),
     ("py-logging", re.compile(rf"^\[?(?P<ts>{DATE})\]?(?:\s+-)?\s+(?:[\w.\-]+\s+(?:-\s+)?)?(?P<lvl>{LEVELS})"
-                              r"(?:\s+-\s+|:\s+|\s+)(?!\d\d-\d\d \d\d:)")),   # not the level of vLLM's own header
+                              r"(?:\s+-\s+|:\s+|\s+(?!\d\d-\d\d \d\d:|\d{4}-\d\d-\d\d))")),  # not a header's level
     ("py-logging-date", re.compile(rf"^\[(?P<ts>{DATE})\]\s")),
     ("bracket-level", re.compile(rf"^\[(?P<lvl>{LEVELS})\]\s+(?:\[[\w.:\-]{{1,80}}\]\s+)?(?!\d{{4}}-)")),
     ("cann-record", re.compile(r"^\[(?P<lvl>ERROR|WARNING|INFO|DEBUG|EVENT)\] (?:[A-Z_]{2,16}\(\d+,[^)]{0,80}\):)?"
@@ -96,7 +96,7 @@ RANK_IN = re.compile(r"(?:(?<![A-Za-z])TP|rank[= ]?|Rank )(\d+)")
 RANK_TXT = re.compile(r"^\[(?:PG [^\]]*?)?Rank (\d+)\]")
 CR = re.compile(r"(?:\^M|\r)+$")
 QUOTED = re.compile(r'\{"|"\s*:\s*"|^\W{0,4}"|\]\s+"')   # a JSON record or a quoted message in the line
-JSONISH = re.compile(r'^\W{0,4}[{"]|' + MSG_KEY.pattern)            # decoded before it is split
+JSONISH = re.compile(r'^\W{0,4}[{"]|\]\s+"|' + MSG_KEY.pattern)     # decoded before it is split
 UNWRAP_DEPTH = 4      # JSON in JSON in a quoted message ...: deeper than this is read as text
 MAX_PIECES = 400      # lines one input line may unfold into
 
@@ -132,6 +132,9 @@ def _split_flat(line: str) -> list[str]:
     starts = [m.start() for m in PROC_ANY.finditer(line)]
     if len(starts) < 2:
         return [line]
+    if ROW_END.search(line):                     # a cell's closing bar belongs to the whole line, not its last piece
+        line = ROW_END.sub("", line, count=1)
+        starts = [m.start() for m in PROC_ANY.finditer(line)]
     cuts = [0] + [s for s in starts if s > 0]
     return [line[a:b].strip() for a, b in zip(cuts, cuts[1:] + [len(line)]) if line[a:b].strip()]
 
@@ -235,6 +238,14 @@ def _clean(raw: str) -> str:
     return clean
 
 
+def _lines(clean: str) -> list[str]:
+    """A cleaned line as lines: a page's <br> may have cut it; what is empty after the cut is the page's, not the
+    log's."""
+    if "\n" not in clean:
+        return [clean]
+    return [p for p in clean.split("\n") if p.strip(" \t|│┃║")] or [""]
+
+
 class _Unfold:
     """Records of one input line, which may unfold into many (JSON records, quoted messages), bounded in count."""
 
@@ -262,7 +273,7 @@ class _Unfold:
             if subs is not None and subs != [text]:
                 k = 0
                 for sub in subs[:self.left]:
-                    for line in _clean(sub).split("\n"):
+                    for line in _lines(_clean(sub)):
                         line = _outer(line)
                         for p in ([line] if JSONISH.search(line) else _split_flat(line)):
                             self.piece(p, h, depth + 1, first=k == 0)
@@ -295,7 +306,7 @@ def normalise(lines) -> list[Record]:
             raw = bytes(raw).decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
         raw = raw.rstrip("\r\n")[:MAX_LINE].replace("\x00", "")
         unfold = _Unfold(out, n, raw, carry)
-        for line in _clean(raw).split("\n"):
+        for line in _lines(_clean(raw)):
             line = _outer(line)
             for piece in ([line] if JSONISH.search(line) else _split_flat(line)):
                 unfold.piece(piece)
