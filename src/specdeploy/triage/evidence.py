@@ -109,12 +109,17 @@ LINES = [
     ("error-line", "shell", re.compile(r"^(?:\S+: )?(?:line )?\d+: (?P<msg>[\w./\-]{1,200}: (?:not found|"
                                        r"command not found|Permission denied|No such file or directory))\s*$")),
 ]
-HINT = re.compile(r"[Ww]atchdog|[Kk]ill|died|exit code|exited|custom code|Unhandled exception|what\(\)|Value error|"
-                  r"timed out|Segmentation|Aborted|Bus error|Assertion|CUDA driver|CUDA_ERROR|HSA_STATUS|WARN|"
-                  r"\bE[A-Z0-9]\d{4}: \[PID|OOM|oom|Out Of Memory|panicked|terminate called|corrupt|double free|"
-                  r"\(\): |stack smashing|[Cc]heck failed|CHECK|CANCELLED AT|probe|function error|exception of|"
-                  r"\[FUNC:|NIXL_ERR|not found|Permission denied|No such file|Cuda failure|Triton Error|SIG[A-Z]{3,4}|"
-                  r"by signal")
+# words one of LINES needs: a line without any is not looked at by them (substring tests, cheaper than a pattern)
+HINT_WORDS = ("atchdog", "Kill", "kill", "died", "exit code", "exited", "custom code", "Unhandled exception", "what()",
+              "Value error", "timed out", "Segmentation", "Aborted", "Bus error", "Assertion", "CUDA driver",
+              "CUDA_ERROR", "HSA_STATUS", "WARN", "[PID", "OOM", "oom", "Out Of Memory", "panicked",
+              "terminate called", "corrupt", "double free", "(): ", "stack smashing", "heck failed", "CHECK",
+              "CANCELLED AT", "probe", "function error", "exception of", "[FUNC:", "NIXL_ERR", "not found",
+              "Permission denied", "No such file", "Cuda failure", "Triton Error", "SIG", "by signal")
+
+
+def _hinted(t: str) -> bool:
+    return any(w in t for w in HINT_WORDS)
 # native evidence whose message goes on the next line: a Rust panic's message, a C++ exception's what()
 MERGE_NEXT = {"panic": re.compile(r"^(?P<msg>\S.*)"), "terminate": re.compile(r"^\s*what\(\):\s+(?P<msg>\S.*)")}
 # lines that repeat a failure already seen, never evidence of their own
@@ -189,6 +194,11 @@ def _frames_after(body, j: int) -> tuple[str | None, list[str]]:
     return loc, frames[-12:]
 
 
+def _message(r: Record, t: str) -> bool:
+    """A record that is a message of its own: not a traceback's line, not a config dump, not a refused request."""
+    return not NOT_A_MESSAGE.search(r.text) and not DUMP.search(t) and not REQUEST_ERROR.search(t)
+
+
 def _stream(body, out: list[Evidence]) -> None:
     frames: list[str] = []
     last_loc = None
@@ -258,7 +268,7 @@ def _stream(body, out: list[Evidence]) -> None:
         if continuation and len(cur.block) < 8:
             cur.block.append(t)
         found = None
-        if HINT.search(t) and not DUMP.search(t):
+        if _hinted(t) and not DUMP.search(t):
             for kind, label, rx in LINES:
                 m = rx.search(t)
                 if m:
@@ -272,14 +282,13 @@ def _stream(body, out: list[Evidence]) -> None:
                     elif label in MERGE_NEXT:
                         merge = found
                     break
-        message = not NOT_A_MESSAGE.search(r.text) and not DUMP.search(t) and not REQUEST_ERROR.search(t)
-        if found is None and message and not (continuation and r.level is None):
+        if found is None and not (continuation and r.level is None) and ("Error" in t or "Exception" in t):
             tail = TYPE_END.search(t)
             em = EMBEDDED.search(t, max(0, tail.start() - 200)) if tail else None
-            if em and not NOTICE.search(t):
+            if em and _message(r, t) and not NOTICE.search(t):
                 found = Evidence("exception", "embedded", em.group("exc").rstrip('"')[:2000], r, i,
                                  weak=r.level not in ERROR_LEVELS, noise=teardown)
-        if found is None and r.level in ERROR_LEVELS and not continuation and message:
+        if found is None and r.level in ERROR_LEVELS and not continuation and _message(r, t):
             if generic(t):
                 found = Evidence("error-line", "logged", t[:2000], r, i)
             elif ERRORISH.search(t):

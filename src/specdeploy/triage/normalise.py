@@ -34,9 +34,9 @@ from specdeploy.triage.unwrap import MSG_KEY, ROW, ROW_END, html_text, json_line
 
 MAX_LINE = 20_000     # characters per line looked at
 
-ANSI = re.compile(r"(?:\x1b|\^\[|#033|(?<!\\)\\033|(?<!\\)\\x1b|(?<!\\)\\e|(?<!\\)\\u001b)\[[0-9;]{0,16}[A-Za-z]|"
+ANSI = re.compile(r"(?:\x1b|\^\[|#033|\\(?<!\\\\)(?:033|x1b|e|u001b))\[[0-9;]{0,16}[A-Za-z]|"
                   r"\x1b[()][A-Z0-9]|"
-                  r"(?<!x1b)(?<!u001b)(?<!033)(?<!\\e)(?:\[(?:\d{1,3}(?:;\d{1,3})*)?m(?=[\s(\[]|$)|\[\d{1,3}(?:;\d{1,3})*m)",
+                  r"(?=\[)(?<!x1b)(?<!u001b)(?<!033)(?<!\\e)(?:\[(?:\d{1,3}(?:;\d{1,3})*)?m(?=[\s(\[]|$)|\[\d{1,3}(?:;\d{1,3})*m)",
                   re.IGNORECASE)
 DATE = r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d(?::\d\d)?(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
 OUTER = [
@@ -275,7 +275,7 @@ class _Unfold:
                 for sub in subs[:self.left]:
                     for line in _lines(_clean(sub)):
                         line = _outer(line)
-                        for p in ([line] if JSONISH.search(line) else _split_flat(line)):
+                        for p in ([line] if '"' in line and JSONISH.search(line) else _split_flat(line)):
                             self.piece(p, h, depth + 1, first=k == 0)
                             k += 1
                 return
@@ -308,7 +308,7 @@ def normalise(lines) -> list[Record]:
         unfold = _Unfold(out, n, raw, carry)
         for line in _lines(_clean(raw)):
             line = _outer(line)
-            for piece in ([line] if JSONISH.search(line) else _split_flat(line)):
+            for piece in ([line] if '"' in line and JSONISH.search(line) else _split_flat(line)):
                 unfold.piece(piece)
         carry = unfold.carry
     return out
