@@ -3,21 +3,31 @@
 Kinds (``Evidence.kind``), each with its own rules for when it counts:
 
 - ``exception``: a Python exception line (``Type: message``), with its traceback's frames when it has one and, when
-  the exception was logged before its traceback, the frames of the traceback that follows;
+  the exception was logged before its traceback, the frames of the traceback that follows; an exception inside a
+  sentence (``embedded``: "Failed to initialize Python stub: TypeError: ..."), strong at ERROR level or when a
+  front-end's own stack (``At:``) follows it;
 - ``error-line``: an error with no exception type: uvicorn's ``ERROR:    <msg>``, KServe's / vLLM's / glog's
   ERROR-level records ("Failed to start model server: <msg>"), torch's ``what():``, pydantic's ``Value error,``,
-  the custom-code prompt. Only records at ERROR level or above count, never a traceback's own lines, never the
-  header line of a traceback that follows it (its exception is the evidence);
+  the custom-code prompt, a launch script's shell error. Only records at ERROR level or above count, never a
+  traceback's own lines, never the header line of a traceback that follows it (its exception is the evidence);
 - ``device``: the GPU/NPU said it: CUDA device-side assertions, CUDA driver errors, ROCm HSA errors, Ascend CANN
-  error records (``EJ0003: [PID: n] ...``);
+  error records (``EJ0003: [PID: n] ...``), torch_npu's ``NPU function error``, CANN's inner errors and device
+  exceptions;
+- ``native``: native code aborted: a Rust panic (its message is on the next line), an uncaught C++ exception
+  (``terminate called ...`` with its ``what()``), a failed CHECK or assert, glibc's heap checks;
 - ``collective``: NCCL/HCCL ``WARN`` lines, the NCCL watchdog's caught exception (``watchdog``) and its collective
-  timeout (``timeout``);
-- ``kill``: a process ended by a signal or an exit code, the kernel OOM killer, systemd's start timeout;
+  timeout (``timeout``), NIXL's error codes;
+- ``kill``: a process ended by a signal or an exit code, the OOM killer (kernel, systemd, a container runtime, a
+  Slurm cgroup), a scheduler's time limit or preemption, a Kubernetes probe, systemd's start timeout, a worker or
+  engine process that went away with no traceback of its own;
 - ``shutdown``: a stop was requested (signals, KeyboardInterrupt, ``WorkerProc was terminated``, uvicorn's
-  ``Shutting down``) or a routine shutdown line (``Application shutdown complete``): never a failure.
+  ``Shutting down``, a scheduler's cancel) or a routine shutdown line (``Application shutdown complete``): never a
+  failure.
 
-Config and argument dumps are data, never evidence. Engine wrappers (``Engine core initialization failed``) are
-evidence of last resort (``generic``).
+Strength: a typeless ERROR line and an exception only mentioned at INFO/WARNING are ``weak`` (any other evidence is
+the root before them); teardown printed while the interpreter exits (``Exception ignored in: ...``), fallback
+notices and readiness polls are ``noise`` (never the root). Config and argument dumps are data, never evidence.
+Engine wrappers (``Engine core initialization failed``) are evidence of last resort (``generic``).
 """
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
 """How the engine ended, read from the sequence of events rather than from single markers.
 
-- The root is the earliest causal evidence, whatever its kind (evidence.py): an exception, an error line, a device
-  error, an NCCL/HCCL warning, a kill. Engine wrappers are the answer only when nothing else is there. An NCCL
-  warning that a later NCCL exception or watchdog explains supports that one instead of replacing it.
+- The root is the earliest strong causal evidence, whatever its kind (evidence.py): an exception, a native abort, a
+  device error, an NCCL/HCCL warning, a kill; a weak one (a typeless ERROR line, an exception only mentioned at INFO)
+  only when no strong one is anywhere in the run, so a later traceback outranks an earlier "ERROR: x failed". Engine
+  wrappers are the answer only when nothing else is there; noise (teardown, fallback notices) never is, and when only
+  noise is left the answer says the cause is not in the log and what to capture. An NCCL warning that a later NCCL
+  exception or watchdog explains supports that one instead of replacing it.
 - A stop requested before the first failure makes the failures after it consequences: ``clean-shutdown``. When the
   stop came during the load, the orchestrator's start timeout may be what sent it, and the answer says so.
 - A failure followed by routine shutdown lines (uvicorn's ``Application shutdown complete``) is ``failed``; routine
