@@ -1,9 +1,11 @@
 """Find the root cause in vLLM/SGLang logs, say how the engine ended, and name the failure when it is known.
 
+- ``unwrap``: what a web page, a shipper or a front-end does to the text (HTML, JSON records, quoted messages, table
+  cells);
 - ``normalise``: every line format (containers, shippers, engines) into records of (process, rank, time, level, text);
 - ``evidence``: what can say why, by kind (exceptions, error lines, device errors, NCCL/HCCL warnings, kills,
   shutdown markers), per process;
-- ``outcome``: the root (the earliest causal evidence) and the ending, from the sequence of events;
+- ``outcome``: the root (the earliest strong causal evidence) and the ending, from the sequence of events;
 - ``signatures``: known failures, each tied to the line that is its evidence, with a fix and a confidence.
 
 Files are streamed: only the first lines and the last ones (bounded in lines and bytes) are kept, so a log of any

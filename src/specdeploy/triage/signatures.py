@@ -19,7 +19,8 @@ GENERIC = [
      "specdeploy_trust_remote_code: true (--trust-remote-code); if it is set, the code path that failed did not "
      "receive it.")),
     ("port-in-use", MEDIUM, re.compile(r"(?i)\[Errno 98\] Address already in use|EADDRINUSE|address already in use|"
-                                       r"(?:address|port) (?:and port )?(?:have|has) been bound already"),
+                                       r"(?:address|port) (?:and port )?(?:have|has) been bound already|"
+                                       r"could not bind to address"),
      ("Another process holds the port (often the previous engine still shutting down, or a second engine on the "
       "same host): find it with `ss -ltnp | grep <port>`, stop it or pick another specdeploy_port; HCCL's listen "
       "port (Ascend) is moved per engine with HCCL_IF_BASE_PORT.")),
@@ -93,13 +94,34 @@ HINTS = [
      "choice) to see which rank and transport failed; in containers give /dev/shm room (--ipc=host or --shm-size); "
      "check the PCIe/NVLink topology with `specdeploy nccl topo`.")),
     (re.compile(r"(?i)illegal memory access|unspecified launch failure|device-side assert|misaligned address|"
-                r"Assertion `|HSA_STATUS_ERROR|aivec error|aicore error|MPU address|invalid device pointer"),
+                r"Assertion `|HSA_STATUS_ERROR|aivec error|aivector error|aicore error|exception of \w+ error|"
+                r"MPU address|invalid device pointer"),
      ("A GPU kernel faulted (the exception may surface in an unrelated call): rerun with CUDA_LAUNCH_BLOCKING=1 to "
      "name the kernel, then compare against the engine's known issues for this model/attention backend.")),
     (re.compile(r"(?i)HCCL|hccl\w*InitRoot|Transport init error|\bE[IJ]\d{4}\b"),
      ("HCCL failed to set up its communicator: check that every rank reaches the others (HCCL_SOCKET_IFNAME, the "
       "NPUs' device IPs with hccn_tool), that no other job holds these NPUs or HCCL's ports, and run hccl_test "
       "across the same devices.")),
+    (re.compile(r"panicked at"),
+     ("A component written in Rust (Dynamo's frontend, sgl-router) panicked: the message after 'panicked at' says what "
+      "it could not do (bind a port, import the engine, a state it did not expect). Check that the front-end and the "
+      "engine it drives are versions released together, and rerun with RUST_BACKTRACE=1 for the backtrace.")),
+    (re.compile(r"terminate called|double free|corrupted|(?:malloc|free|realloc)\(\)|munmap_chunk|stack smashing|"
+                r"[Cc]heck failed|CHECK_\w+ failed|Assertion failed"),
+     ("Native code aborted (an uncaught C++ exception, a failed CHECK or assert, heap corruption): usually a compiled "
+      "extension built for another torch, driver or device, or a kernel writing out of bounds. Get the native "
+      "backtrace (a core dump, or gdb -p on the worker; CUDA_LAUNCH_BLOCKING=1 for GPU kernels) and compare the "
+      "extension's build with the installed torch.")),
+    (re.compile(r"(?i)NIXL|\bUCX\b"),
+     ("NIXL (the KV transfer of prefill/decode disaggregation) failed: check that both sides run the same NIXL and "
+      "connector settings, the same TP layout, and that the transport (UCX, RDMA) reaches the peer.")),
+    (re.compile(r"(?i)NPU function error|\bERR\d{5}\b|rtGetDevice|SetDevice|torch_npu"),
+     ("The NPU runtime (CANN, torch_npu) failed: check that driver, firmware, CANN and torch_npu versions match "
+      "(npu-smi info; the plog under ~/ascend/log), that the container sees the NPUs (ASCEND_VISIBLE_DEVICES, the "
+      "davinci devices) and that no other process holds them.")),
+    (re.compile(r": (?:not found|command not found|Permission denied|No such file or directory)$"),
+     ("The launch script failed before the engine started: run it with the shell it was written for (`source` needs "
+      "bash, not sh) and check that the command and paths exist on the node (module load, the virtualenv).")),
     (re.compile(r"(?i)undefined symbol|ImportError|ModuleNotFoundError|cannot open shared object"),
      ("A compiled extension does not match the installed torch/CUDA: reinstall the engine image or the wheel "
      "built for this torch version.")),

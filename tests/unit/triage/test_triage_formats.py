@@ -1,9 +1,15 @@
 """The line-format layer, tested by generation: every corpus log is rewrapped line by line in every prefix form that
 containers, log shippers and engines write (and nestings of them), and triage must give the same outcome, root
 cause and signature as on the log as posted. A new format is added here, as one more form, and to
-specdeploy/triage/normalise.py, never as a one-off pattern for one log."""
+specdeploy/triage/normalise.py (or unwrap.py), never as a one-off pattern for one log.
+
+The shapes an operator pastes (SHAPES: dates of other precisions, journald and syslog with a unit and a PID, HTML
+from a web page, table cells, JSON records and quoted messages) run on every corpus log alone and nested two deep
+with a partner that rotates over every form; bench/bench_triage_large.py --rewrap runs the whole cross product."""
 from __future__ import annotations
 
+import html
+import json
 import re
 
 import pytest
@@ -81,6 +87,54 @@ FORMS = {
 }
 
 
+def _json(record):
+    return lambda line: json.dumps({**record, "log" if "log" in record else "message": line + ("\n" if "log" in record
+                                                                                                else "")})
+
+
+def _html_page(line):
+    return f'<span class="line">{html.escape(line)}</span><br>'
+
+
+def _json_block(lines):
+    """Four lines at a time in one JSON error body (an HTTP error's detail, a front-end's message field)."""
+    return [json.dumps({"detail": "\n".join(lines[i:i + 4])}) for i in range(0, len(lines), 4)]
+
+
+SHAPES = {
+    "py-logging": _outside("2025-12-04 21:57:21.581795+08:00 - specdeploy.worker - INFO - "),
+    "bracket-datetime-level": _outside("[2026-01-14 18:54:21,503] INFO: "),
+    "bracket-datetime": _outside("[2025-03-10 15:07:20.123] "),
+    "loguru": _outside("2025-11-19 11:14:59.028 | INFO     | __main__:serve:95 | "),
+    "level-fulldate-ray": _outside("INFO 2024-11-18 01:46:34,210 default_VLLMDeployment ujj4diu5 replica.py:893 - "),
+    "time-of-day": _outside("15:07:20.123456 "),
+    "journald-precise": _outside("Feb 21 20:16:57.123456 gpu-a specdeploy-vllm[4100]: "),
+    "journald-iso-us": _outside("2026-02-21T19:48:13.123456+00:00 gpu-a python3[4100]: "),
+    "syslog-5424": _outside("<14>1 2026-02-21T19:48:13.123Z gpu-a vllm 4100 - - "),
+    "syslog-3164": _outside("<14>Feb 21 20:16:57 gpu-a vllm[4100]: "),
+    "html-escaped": html.escape,
+    "html-page": _html_page,
+    "table-row": lambda line: f"| vllm_model | 1       | {line} |",
+    "box-cell": lambda line: f"│ {line} │",
+    "docker-json": _json({"log": "", "stream": "stderr", "time": "2025-03-10T15:07:20.123456789Z"}),
+    "shipper-json": _json({"timestamp": "2025-03-10T15:07:20.123Z", "host": "gpu-a", "message": ""}),
+    "quoted": json.dumps,
+    "glog-quoted": lambda line: "I0911 08:21:51.554457 1 pb_stub.cc:389] " + json.dumps(line),
+}
+ALL_FORMS = {**FORMS, **SHAPES}
+
+
+def nested_two_deep(shape: str, log_index: int) -> list[tuple[str, object]]:
+    """The shape alone, around a partner form and inside it; the partner rotates over every form with the log, so
+    every pair is exercised across the corpus (the whole product: bench/bench_triage_large.py --rewrap)."""
+    names = sorted(ALL_FORMS)
+    partner = names[(log_index * 7 + sorted(SHAPES).index(shape) * 3) % len(names)]
+    if partner == shape:
+        partner = names[(names.index(partner) + 1) % len(names)]
+    outer, inner = SHAPES[shape], ALL_FORMS[partner]
+    return [(shape, outer), (f"{shape}({partner})", _nest(outer, inner)), (f"{partner}({shape})", _nest(inner, outer))]
+
+
 def _answer(lines):
     r = triage_lines(lines)
     return r.outcome, r.root_cause, r.signature
@@ -109,3 +163,29 @@ def test_the_forms_change_every_line():
     for form, wrap in FORMS.items():
         changed = sum(wrap(line) != line for line in lines if line)
         assert changed >= 0.5 * sum(1 for line in lines if line), form
+
+
+@pytest.mark.parametrize("index,name", list(enumerate(e["file"] for e in INDEX)))
+def test_every_corpus_log_in_every_pasted_shape_nested_two_deep(index, name):
+    lines = read_log(CORPUS / name)
+    wrong = []
+    for shape in sorted(SHAPES):
+        for label, wrap in nested_two_deep(shape, index):
+            got = _answer([wrap(line) for line in lines])
+            if got != _posted(name):
+                wrong.append((label, got))
+    block = _answer(_json_block(lines))
+    if block != _posted(name):
+        wrong.append(("json-block", block))
+    assert not wrong, (_posted(name), wrong[:4])
+
+
+def test_the_pasted_shapes_change_every_line():
+    lines = [ln for ln in read_log(CORPUS / "vllm-8177-watchdog-illegal-access.log") if ln]
+    for shape, wrap in SHAPES.items():
+        if shape == "html-escaped":             # only what HTML escapes changes
+            special = [line for line in lines if re.search(r"[&<>\"']", line)]
+            assert special and all(wrap(line) != line for line in special)
+            continue
+        assert sum(wrap(line) != line for line in lines) >= 0.9 * len(lines), shape
+    assert len(_json_block(lines)) == -(-len(lines) // 4)
