@@ -40,6 +40,10 @@ class Inventory:
     # Every engine host of the serving groups (specdeploy_group) the engine hosts belong to, --limit or not, in
     # inventory order: topology.ranks resolves each host's rank from it.
     group_hosts: list[Host] = field(default_factory=list)
+    # what inventory_checks found worth saying but not refusing (commands print them)
+    warnings: list[Finding] = field(default_factory=list)
+    # every value that came out of a vault (the deploy's event log scrubs them)
+    secrets: set[str] = field(default_factory=set)
 
     def host(self, name: str) -> Host:
         for h in self.engine_hosts:
@@ -190,9 +194,26 @@ def host_variables(path: Path, extra: dict[str, Any] | None = None, vault: Vault
     Every file either reader opens is held to inventory_files' rules first."""
     from specdeploy.hostvars.inventory_native import Unsupported, read
     try:
-        return read(path, extra or {})
+        inv, out = read(path, extra or {})
     except Unsupported:
-        return ansible_host_variables(path, extra, vault)
+        inv, out = ansible_host_variables(path, extra, vault)
+    check(inv, path, out, extra or {})
+    return inv, out
+
+
+def check(inv, path: Path, variables: dict[str, Any], extra: dict[str, Any]) -> None:
+    """inventory_checks on what either reader read: raise its errors (all of them), keep its warnings on ``inv``
+    (``specdeploy_warnings``)."""
+    from specdeploy.hostvars.inventory_checks import check_conflicts, check_names
+    groups = [g for g in getattr(inv, "groups", {}) if g not in ("all", "ungrouped")]
+    errors = check_names({h: v if isinstance(v, dict) else {} for h, v in variables.items()}, groups)
+    if errors:  # a bad name is refused before anything builds a path or a pattern from it
+        raise SpecdeployError(errors)
+    base = path if path.is_dir() else path.parent
+    errors, warnings = check_conflicts(inv, base, variables, extra, ENGINE_GROUP)
+    if errors:
+        raise SpecdeployError(errors)
+    inv.specdeploy_warnings = warnings
 
 
 def ansible_host_variables(path: Path, extra: dict[str, Any] | None = None, vault: Vault | None = None):
@@ -201,8 +222,10 @@ def ansible_host_variables(path: Path, extra: dict[str, Any] | None = None, vaul
     from ansible.template import Templar
 
     from specdeploy.hostvars.inventory_ansible import undecryptable, vault_context
+    from specdeploy.hostvars.inventory_ansible import encrypted_values
     inv, vm, secrets = _ansible_load(path, extra or {}, vault)
     out: dict[str, Any] = {}
+    opened: set[str] = set()
     with vault_context(secrets):
         for h in inv.get_hosts():
             raw = _ansible_vars(vm, h, path)
@@ -210,12 +233,14 @@ def ansible_host_variables(path: Path, extra: dict[str, Any] | None = None, vaul
             if locked:
                 out[h.name] = SpecdeployError(locked)
                 continue
+            opened.update(str(e) for v in raw.values() for e in encrypted_values(v))
             templar = Templar(loader=vm._loader, variables=raw)
             try:
                 out[h.name] = plain({k: (_template(templar, k, v, h.name) if k.startswith("specdeploy_") else v)
                                       for k, v in raw.items()})
             except SpecdeployError as exc:
                 out[h.name] = exc
+    inv.specdeploy_secrets = opened
     return inv, out
 
 
@@ -257,7 +282,8 @@ def load(path: str | os.PathLike, limit: str | None = None, extra: dict[str, Any
         raise SpecdeployError(problems)
     members = _group_members(inv, path, all_vars, hosts)
     monitoring = [h.name for h in inv.get_hosts(MONITORING_GROUP)]
-    return Inventory(path, hosts, monitoring, {k: v for k, v in all_vars.items() if isinstance(v, dict)}, members)
+    return Inventory(path, hosts, monitoring, {k: v for k, v in all_vars.items() if isinstance(v, dict)}, members,
+                     list(getattr(inv, "specdeploy_warnings", [])), set(getattr(inv, "specdeploy_secrets", ())))
 
 
 def _group_members(inv, path: Path, all_vars, hosts: list[Host]) -> list[Host]:

@@ -176,6 +176,7 @@ def load_prompts(path: Path | None = None) -> list[list[dict]]:
     """JSON lines, each a list of chat messages or an object with ``messages``; a bad file is a finding that
     names --prompts and the line."""
     from specdeploy.hostvars.argcheck import read_text
+    from specdeploy.values.bounded import loads
     from specdeploy.values.errors import Finding, SpecdeployError
     p = path or PROMPTS
     what = "JSON lines of chat messages ([{\"role\": \"user\", \"content\": ...}] or {\"messages\": [...]})"
@@ -184,8 +185,8 @@ def load_prompts(path: Path | None = None) -> list[list[dict]]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except ValueError:
+            obj = loads(line)
+        except ValueError:  # not JSON, or nested beyond bounded.MAX_DEPTH
             obj = None
         msgs = obj.get("messages") if isinstance(obj, dict) else obj
         if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("content"), str)

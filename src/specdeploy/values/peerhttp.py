@@ -11,7 +11,6 @@ HTTP proxy from the environment.
 from __future__ import annotations
 
 import http.client
-import json
 import socket
 import threading
 import time
@@ -155,8 +154,11 @@ def json_object(url: str, deadline_s: float, max_bytes: int = MAX_BYTES, headers
     why = _checked(url, ans)
     if why:
         raise PeerError(url, why)
+    from specdeploy.values.bounded import Refused, loads
     try:
-        data = json.loads(ans.body.decode("utf-8"))
+        data = loads(ans.body.decode("utf-8"))
+    except Refused as exc:
+        raise PeerError(url, f"JSON that {exc}") from None
     except (UnicodeDecodeError, ValueError):
         raise PeerError(url, "not JSON") from None
     if not isinstance(data, dict):
@@ -171,3 +173,16 @@ def ok(url: str, deadline_s: float, max_bytes: int = 1 << 20) -> tuple[bool, str
     except PeerError:
         return False, ""
     return ans.status == 200, ans.body.decode("utf-8", "replace")
+
+
+def url_host(address: str) -> str:
+    """``address`` as the host part of a URL or a Prometheus target: an IPv6 address in brackets."""
+    a = str(address)
+    if a.startswith("[") and a.endswith("]"):
+        return a
+    return f"[{a}]" if ":" in a else a
+
+
+def host_port(address: str, port: int | str) -> str:
+    """ADDRESS:PORT as a URL and Prometheus's static_configs take it (``[v6]:port`` for IPv6)."""
+    return f"{url_host(address)}:{port}"
