@@ -139,8 +139,24 @@ def _ansible_load(path: Path, extra: dict[str, Any], vault: Vault | None = None)
         raise _ansible_error(exc, path) from None
     loader.check()
     vm = VariableManager(loader=loader, inventory=inv)
-    vm._extra_vars = dict(extra)  # what ansible-playbook -e does
+    vm._extra_vars = _trusted(dict(extra))  # what ansible-playbook -e does: its values are templates it renders
     return inv, vm, secrets
+
+
+def _trusted(value):
+    """``-e`` values as ansible-playbook holds them: strings trusted as templates (Ansible 2.19 renders only
+    trusted strings; ansible-playbook trusts its command line), so that a plan shows what the play renders."""
+    try:
+        from ansible.template import trust_as_template
+    except ImportError:  # an Ansible that trusts every string
+        return value
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, dict):
+        return {k: _trusted(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_trusted(v) for v in value]
+    return value
 
 
 def _ansible_error(exc: Exception, path: Path) -> SpecdeployError:
@@ -223,25 +239,39 @@ def ansible_host_variables(path: Path, extra: dict[str, Any] | None = None, vaul
 
     from specdeploy.hostvars.inventory_ansible import undecryptable, vault_context
     from specdeploy.hostvars.inventory_ansible import encrypted_values
+    from specdeploy.hostvars.inventory_native import templated
+    from specdeploy.hostvars.jinja_guard import BUDGET_S, TimeUp, time_limit
     inv, vm, secrets = _ansible_load(path, extra or {}, vault)
     out: dict[str, Any] = {}
     opened: set[str] = set()
-    with vault_context(secrets):
-        for h in inv.get_hosts():
-            raw = _ansible_vars(vm, h, path)
-            locked = undecryptable(raw, h.name)
-            if locked:
-                out[h.name] = SpecdeployError(locked)
-                continue
-            opened.update(str(e) for v in raw.values() for e in encrypted_values(v))
-            templar = Templar(loader=vm._loader, variables=raw)
-            try:
-                out[h.name] = plain({k: (_template(templar, k, v, h.name) if k.startswith("specdeploy_") else v)
-                                      for k, v in raw.items()})
-            except SpecdeployError as exc:
-                out[h.name] = exc
+    at = ("", "")
+    try:
+        with vault_context(secrets), time_limit(BUDGET_S):
+            for h in inv.get_hosts():
+                at = (h.name, "")
+                raw = _ansible_vars(vm, h, path)
+                locked = undecryptable(raw, h.name)
+                if locked:
+                    out[h.name] = SpecdeployError(locked)
+                    continue
+                opened.update(str(e) for v in raw.values() for e in encrypted_values(v))
+                templar = Templar(loader=vm._loader, variables=raw)
+                try:
+                    done = {}
+                    for k, v in raw.items():
+                        at = (h.name, k)
+                        done[k] = _template(templar, k, v, h.name) if templated(k) else v
+                    out[h.name] = plain(done)
+                except SpecdeployError as exc:
+                    out[h.name] = exc
+    except TimeUp:
+        raise SpecdeployError([Finding("error", at[1] or "inventory", f"rendering the inventory's templates took "
+                                       f"more than {BUDGET_S:g} s (at {at[1] or 'the variables'} of {at[0]})",
+                                       "simplify the template: a plan or a preflight renders every host's "
+                                       "variables", at[0] or None)]) from None
     inv.specdeploy_secrets = opened
     return inv, out
+
 
 
 def engine_host_names(inv, path: Path, limit: str | None) -> list[str]:
@@ -310,9 +340,20 @@ def _group_members(inv, path: Path, all_vars, hosts: list[Host]) -> list[Host]:
 
 
 def _template(templar, key, value, host):
+    from specdeploy.hostvars.jinja_guard import problems_in
+    refused = problems_in(value, key)
+    if refused:
+        where, why = refused[0]
+        raise SpecdeployError([Finding("error", where, f"is a template that {why}; specdeploy renders an "
+                                       "inventory's templates within bounds and refuses this one",
+                                       "give the value itself, or a template of variable references and "
+                                       "filters", host)])
+    from specdeploy.hostvars.jinja_guard import CLOCK, TimeUp
     try:
         return templar.template(value)
     except Exception as exc:  # Ansible raises many types; all mean the same to the user
+        if CLOCK.expired:
+            raise TimeUp() from None
         raise SpecdeployError([Finding("error", key, f"cannot be templated: {exc}".splitlines()[0],
                                        "fix the Jinja expression or define the variables it uses", host)]) from None
 
