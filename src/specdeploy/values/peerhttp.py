@@ -177,10 +177,12 @@ def ok(url: str, deadline_s: float, max_bytes: int = 1 << 20) -> tuple[bool, str
 
 def url_host(address: str) -> str:
     """``address`` as the host part of a URL or a Prometheus target: an IPv6 address in brackets."""
+    import ipaddress
     a = str(address)
-    if a.startswith("[") and a.endswith("]"):
+    try:
+        return f"[{a}]" if isinstance(ipaddress.ip_address(a), ipaddress.IPv6Address) else a
+    except ValueError:
         return a
-    return f"[{a}]" if ":" in a else a
 
 
 def host_port(address: str, port: int | str) -> str:
