@@ -70,8 +70,13 @@ def tune_cmd(gpus: int = typer.Option(2, "--gpus", min=1),
         hidden = _hidden_from_config(model) if model else 7168
     cands = n.default_candidates(pcie=pcie)
     if candidates:
+        from specdeploy.values.bounded import yaml_depth
         try:
-            loaded = yaml.safe_load(read_text(candidates, "--candidates", "a YAML/JSON file: name -> env"))
+            text = read_text(candidates, "--candidates", "a YAML/JSON file: name -> env")
+            deep = yaml_depth(text)
+            if deep:
+                error("--candidates", f"{safe(candidates)} {deep}", "give a YAML/JSON file: name -> env")
+            loaded = yaml.safe_load(text)
         except SpecdeployError as exc:
             fail(exc)
         except yaml.YAMLError as exc:

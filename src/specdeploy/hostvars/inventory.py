@@ -54,6 +54,10 @@ class Inventory:
 
 
 def _mapping(text: str, where: str) -> dict[str, Any]:
+    from specdeploy.values.bounded import yaml_depth
+    deep = yaml_depth(text)
+    if deep:
+        raise SpecdeployError([Finding("error", "-e", f"{where} {deep}", "give a flatter mapping")])
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -118,9 +122,14 @@ def parse_extra_vars(items: list[str] | None, vault: Vault | None = None,
                 raise SpecdeployError([Finding("error", "-e", f"'{pair}' is not KEY=VALUE",
                                                "write -e KEY=VALUE, -e '{\"KEY\": VALUE}' or -e @file.yml")])
             key, _, raw = pair.partition("=")
+            from specdeploy.values.bounded import yaml_depth
+            deep = yaml_depth(raw)
+            if deep:
+                raise SpecdeployError([Finding("error", "-e", f"the value of {key.strip()[:60]} {deep}",
+                                               "give a flatter value")])
             try:
                 out[key.strip()] = yaml.safe_load(raw) if raw != "" else ""
-            except yaml.YAMLError:
+            except (yaml.YAMLError, RecursionError):
                 out[key.strip()] = raw
     return out
 

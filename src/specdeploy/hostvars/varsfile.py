@@ -31,6 +31,10 @@ def _err(where: str, message: str, fix: str = "fix the file, or give another pat
 
 
 def load(text: str, where: str) -> dict[str, Any]:
+    from specdeploy.values.bounded import yaml_depth
+    deep = yaml_depth(text)
+    if deep:
+        raise _err(where, deep)
     try:
         data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader with two opaque tags)
     except yaml.YAMLError as exc:
@@ -78,6 +82,7 @@ def set_variable(text: str, key: str, value: Any, comments: list[str], where: st
 
 
 def _root(text: str, where: str):
+    load(text, where)  # its bounds first
     try:
         node = yaml.compose(text, Loader=_Loader)  # noqa: S506
     except yaml.YAMLError:

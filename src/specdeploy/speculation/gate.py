@@ -408,7 +408,8 @@ def command_line(s: dict, out: str, baseline: str | None = None) -> list[str]:
     """``specdeploy gate`` arguments for one of the gate role's two measurements: the baseline (``baseline``
     None) or the speculative run against it. ``s`` holds the host's address and port, the engine, and the
     role's settings (concurrency, requests, max_tokens, k, margin, api_key_file)."""
-    argv = ["gate", "--url", f"http://{s['address']}:{int(s['port'])}", "--engine", str(s["engine"]),
+    from specdeploy.values.peerhttp import host_port
+    argv = ["gate", "--url", f"http://{host_port(s['address'], int(s['port']))}", "--engine", str(s["engine"]),
             "--concurrency", str(s["concurrency"]), "--max-tokens", str(int(s["max_tokens"])), "--out", str(out)]
     if int(s.get("requests") or 0) > 0:
         argv += ["--requests", str(int(s["requests"]))]

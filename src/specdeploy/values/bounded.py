@@ -102,3 +102,23 @@ def nesting(obj: Any, limit: int = MAX_DEPTH) -> int:
                 return deepest
             todo.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
     return deepest
+
+
+MAX_YAML_COLUMN = 1000  # where a block node's content may start: block nesting is at most this deep
+
+
+def yaml_depth(text: str, max_depth: int = MAX_DEPTH, max_column: int = MAX_YAML_COLUMN) -> str | None:
+    """Why the YAML ``text`` nests too deep for a parser to take without recursing past its stack (a C parser
+    crashes, a Python one raises), or None: flow brackets nested beyond ``max_depth`` (quoted text skipped), or a
+    block node starting beyond column ``max_column`` (block nesting needs a column per level)."""
+    d = depth(re.sub(r"'(?:[^']|'')*'", "", text))
+    if d > max_depth:
+        return f"nests {d} levels deep, more than the {max_depth} specdeploy reads"
+    for n, line in enumerate(text.splitlines(), 1):
+        m = _BLOCK.match(line)
+        if m and m.end() > max_column:
+            return f"line {n} nests a block at column {m.end()}, deeper than the {max_column} specdeploy reads"
+    return None
+
+
+_BLOCK = re.compile(r"(?:[ \t]*(?:[-?:][ \t]+)?)*")
