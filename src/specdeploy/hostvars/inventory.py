@@ -217,7 +217,11 @@ def host_variables(path: Path, extra: dict[str, Any] | None = None, vault: Vault
     Static YAML inventories are read natively (inventory_native, the same answer without importing Ansible);
     whatever that reader does not reproduce exactly (vaulted values among it) is read through Ansible's own API.
     Every file either reader opens is held to inventory_files' rules first."""
+    from specdeploy.hostvars.inventory_checks import prescan
     from specdeploy.hostvars.inventory_native import Unsupported, read
+    bad = prescan(path)
+    if bad:  # a name no reader should see (Ansible drops what it cannot parse, unnamed)
+        raise SpecdeployError(bad)
     try:
         inv, out = read(path, extra or {})
     except Unsupported:

@@ -200,8 +200,25 @@ def guarded_loader(source: Path, vault: Vault | None, groups: bool = True):
             if chain:
                 raise group_loop(self.loop_file or str(source), chain)
 
+    safe_display()
     loader = Loader()
     return loader, vault_secrets(loader, vault)
+
+
+def safe_display() -> None:
+    """Ansible's own messages printed by this process (its warnings while it reads an inventory quote names and
+    file contents) with their control characters escaped (values.terminal), before Ansible colours them."""
+    from ansible.utils.display import Display
+
+    from specdeploy.values.terminal import safe
+    if getattr(Display.display, "specdeploy_safe", False):
+        return
+    original = Display.display
+
+    def display(self, msg, *args, **kwargs):
+        return original(self, safe(msg, newlines=True) if isinstance(msg, str) else msg, *args, **kwargs)
+    display.specdeploy_safe = True
+    Display.display = display
 
 
 def vaulted_vars_file(path: Path, vault: Vault | None) -> tuple[dict[str, Any], set[str]]:

@@ -282,3 +282,74 @@ def _engine_host_warnings(inv, hosts: dict, engine_group: str) -> list[Finding]:
                                f"(port {key[1]}): one machine would run both hosts' engines on the same ports",
                                "give each engine host its own machine (ansible_host)", h))
     return out
+
+
+def prescan(path: Path) -> list[Finding]:
+    """check_names over the host and group names the inventory's own files declare (YAML and INI), before
+    either reader parses them: Ansible drops a file whose names it cannot parse with a warning, which would leave
+    the bad name unnamed and the inventory short of hosts."""
+    from specdeploy.hostvars.inventory_files import SpecdeployError, checked_text
+    from specdeploy.hostvars.inventory_native import IGNORED_EXTS, IGNORED_NAMES
+    files = [path] if path.is_file() else sorted(
+        p for p in path.iterdir() if p.is_file() and not p.name.startswith(".") and p.name not in IGNORED_NAMES
+        and not p.name.endswith(IGNORED_EXTS)) if path.is_dir() else []
+    hosts: dict[str, dict] = {}
+    groups: list[str] = []
+    for f in files:
+        try:
+            text = checked_text(f)
+        except (SpecdeployError, OSError):
+            continue  # the readers report it in their own words
+        if f.suffix in (".yml", ".yaml", ".json") or text.lstrip().startswith(("{", "all:", "---")):
+            _yaml_names(text, hosts, groups)
+        else:
+            _ini_names(text, hosts, groups)
+    return check_names(hosts, groups)
+
+
+_RANGE = re.compile(r"\[([A-Za-z0-9]+):[A-Za-z0-9]+(?::\d+)?\]")
+
+
+def _yaml_names(text: str, hosts: dict, groups: list) -> None:
+    import yaml
+
+    from specdeploy.hostvars.varsfile import _Loader
+    try:
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader with opaque vault tags)
+    except (yaml.YAMLError, RecursionError):
+        return
+    if not isinstance(data, dict) or "plugin" in data:
+        return
+    todo = list(data.items())
+    while todo:
+        name, body = todo.pop()
+        groups.append(str(name)) if isinstance(name, str) else None
+        if not isinstance(body, dict):
+            continue
+        for h, hv in (body.get("hosts") or {}).items() if isinstance(body.get("hosts"), dict) else ():
+            if isinstance(h, str):  # a range (gpu-[01:08]) is checked as its first host
+                hosts[_RANGE.sub(lambda m: m.group(1), h)] = \
+                    {k: v for k, v in hv.items() if k == "ansible_host"} if isinstance(hv, dict) else {}
+        kids = body.get("children")
+        if isinstance(kids, dict):
+            todo.extend(kids.items())
+
+
+def _ini_names(text: str, hosts: dict, groups: list) -> None:
+    section = "ungrouped"
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or s[0] in "#;":
+            continue
+        if s.startswith("[") and s.endswith("]"):
+            section = s[1:-1]
+            name, _, kind = section.partition(":")
+            groups.append(name)
+            section = kind or "hosts"
+            continue
+        token = s.split()[0]
+        if section == "children":
+            groups.append(token)
+        elif section == "hosts":  # a range (gpu-[01:08]) is checked as its first host
+            host = _RANGE.sub(lambda m: m.group(1), token)
+            hosts[host.rsplit(":", 1)[0] if host.count(":") == 1 else host] = {}
