@@ -76,17 +76,18 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
     from specdeploy.hostvars.inventory import load, parse_extra_vars
     from specdeploy.ops.fleet import targets_of
     from specdeploy.ops.runner import PLAYBOOKS, Run, new_run_dir, redact, run_playbook, secret_values
-    from specdeploy.values.outputs import check_forbidden, refuse
+    from specdeploy.values.outputs import check_file, check_forbidden, refuse
     out = _console()
     vaulted: set[str] = set()
     vaulted_paths: list[Path] = []
     try:
         if events is not None:  # before anything runs: the event log is a new file (values.outputs)
-            check_forbidden(events, "--events", "a new file path for the event log")
             if os.path.lexists(events):
+                check_forbidden(events, "--events", "a new file path for the event log")
                 raise refuse("--events", events, "exists; specdeploy writes the event log as a new file each run "
                              "and never appends to or changes a file it did not create",
                              "give a new file path for the event log (or leave --events out)")
+            check_file(events, "--events", "deploy", None, "a new file path for the event log")
         if secrets is not None:  # a secret ansible-playbook could not be given under the runner: before any prompt
             secrets.playbook_args()
         extra = parse_extra_vars(extra_vars, secrets, vaulted, vaulted_paths)

@@ -248,12 +248,13 @@ def _print_choice(ch, items, mode):
     for col in ("candidate", "weighted decode us", "vs default [95% CI]", "faster rounds",
                 "worst prefill vs default", "verdict"):
         t.add_column(col)
-    for row in explain(ch):
-        t.add_row(*row)
+    from rich.text import Text
+    for row in explain(ch):  # candidate names come from the results files: shown escaped (values.terminal)
+        t.add_row(*[Text(safe(cell)) for cell in row])
     c = Console(width=max(Console().width, 150))
     c.print(t)
     for line in evidence_lines(ch):
-        c.print(line)
+        c.print(safe(line), markup=False, highlight=False)
     if ch.per_size_weighted_us:
         w = ch.weighted_us.get(ch.chosen)
         c.print(f"per-size best would give {ch.per_size_weighted_us:.1f} us weighted"

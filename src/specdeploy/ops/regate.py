@@ -67,10 +67,14 @@ def firing(prometheus: str, timeout: float = 10.0) -> list[Alert]:
 
 def read_state(path: Path) -> dict:
     """host -> {"at": seconds, "alert": name, "rc": exit status}; {} when there is none yet."""
+    from specdeploy.values.bounded import Refused, read_regular
     try:
-        raw = path.read_bytes()[:MAX_STATE + 1]
+        raw = read_regular(path, MAX_STATE)
     except FileNotFoundError:
         return {}
+    except Refused as exc:
+        raise SpecdeployError([Finding("error", "--state", f"{path} {exc}", "give a regate state file, or a new "
+                                       "path")]) from None
     except OSError as exc:
         raise SpecdeployError([Finding("error", "--state", f"{path} cannot be read ({exc.strerror or exc})",
                                        "give a readable file, or a new path")]) from None
@@ -112,9 +116,10 @@ def write_state(path: Path, state: dict) -> None:
 def state_lock(path: Path) -> Iterator[None]:
     """Hold the state file's lock (``.<name>.lock`` beside it) for the block: a second run on the same state file
     is refused, naming it. The directory is made, and must be writable, before anything runs."""
-    from specdeploy.values.outputs import check_forbidden
+    from specdeploy.values.outputs import check_file
     from specdeploy.values.terminal import safe
-    check_forbidden(path, "--state", "a regate state file path")
+    # what the state file may be (never a link, a FIFO or someone else's file) before anything is made beside it
+    check_file(path, "--state", REGATE_CMD, _is_state, "a regate state file path")
     lock = path.parent / f".{path.name}.lock"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -247,6 +247,16 @@ class Run:
             text = text.replace(s, REDACTED)
         return text
 
+    def scrub_all(self, obj):
+        """``obj`` (a JSON-like value) with every secret value of the run replaced in its strings."""
+        if isinstance(obj, str):
+            return self.scrub(obj)
+        if isinstance(obj, dict):
+            return {self.scrub(str(k)): self.scrub_all(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self.scrub_all(v) for v in obj]
+        return obj
+
     def log(self, **rec):
         rec.setdefault("t", time.time())
         line = json.dumps(rec, default=str)
@@ -288,7 +298,7 @@ class Run:
             res = d.get("res") or {}
             facts = res.get("ansible_facts") or {}
             if isinstance(facts.get("inference_engine_triage"), dict):
-                row.triage = facts["inference_engine_triage"]
+                row.triage = self.scrub_all(facts["inference_engine_triage"])
             if res.get("changed"):
                 row.changed += 1
             if kind != "runner_on_ok" and not d.get("ignore_errors"):

@@ -132,6 +132,11 @@ def _num(cfg: dict, key: str, where: str, default=None, required: bool = True, m
         raise _err(f"{where}: {key}", f"{v!r} is not an integer", f"give {key} as an integer >= {minimum}")
     if v < minimum:
         raise _err(f"{where}: {key}", f"{v!r} is below {minimum}", f"give {key} as an integer >= {minimum}")
+    from specdeploy.checkpoint.modelcfg import BOUNDS
+    top = BOUNDS.get(key, 1 << 30)  # beyond any real model: refused before the roofline loops over layers
+    if v > top:
+        raise _err(f"{where}: {key}", f"{v!r} is beyond any real model (at most {top:,})",
+                   "give the model's real config.json")
     return int(v)
 
 
