@@ -160,7 +160,6 @@ def run(case: SecCase, root: Path, monkeypatch) -> str:
     # Ansible's own local temporary directory, which importing Ansible makes (as ansible-playbook does)
     allowed = [Path(fill(w, ctx)) for w in case.writes] + [Path(ctx["home"]) / ".ansible"]
     before = fingerprint(root, allowed)
-    shm = shm_runs()
     argv = [fill(a, ctx) for a in case.argv]
     code, out, tb = run_inprocess(argv, root / "cwd", case.timeout, {"HOME": ctx["home"], "COLUMNS": "200"})
     label = f"{case.cls}/{case.id}"
@@ -180,7 +179,6 @@ def run(case: SecCase, root: Path, monkeypatch) -> str:
     found = [f for f in leaked(root, secrets) if Path(f.split(": ")[0]).name not in holders]
     assert not found, f"{label}: secret values on disk: {found[:5]}"
     assert not [s for s in secrets if s in out], f"{label}: a secret value in the output"
-    assert shm_runs() <= shm, f"{label}: the runner's private directory was left: {shm_runs() - shm}"
     if case.check:
         case.check(ctx, out)
     return out
@@ -526,7 +524,8 @@ def _fake_runner(values: list[str], channel: str, seen: list):
             args = shlex.split(kw.get("cmdline") or "")
             files = [a[1:] for a in args if a.startswith("@")]
             seen.append({"extravars": kw.get("extravars"), "files": {f: Path(f).read_text() for f in files
-                                                                     if Path(f).is_file()}})
+                                                                     if Path(f).is_file()},
+                         "private": kw.get("private_data_dir")})
             v = " ".join(values)
             for host in ("gpu-a", "gpu-b"):
                 task = f"Use {v}" if channel == "task" else "Install the key"
@@ -577,6 +576,7 @@ def secret_cases() -> list[SecCase]:
                 assert any(v in text for text in call["files"].values()), "the -e value did not reach ansible"
             for f in call["files"]:
                 assert not Path(f).exists() or f.endswith("vars.yml"), f"{f} was left after the run"
+            assert not Path(call["private"]).parent.exists(), "the runner's private directory was left"
             events = list((Path(ctx["root"]) / "cwd" / ".cache" / "runs").glob("*/events.jsonl"))
             assert events and "<redacted>" in events[0].read_text(), "no event log, or nothing redacted"
         argv = ["verify", "-i", "{inv}", *argv_of(v)]

@@ -185,7 +185,7 @@ def check_conflicts(inv, base: Path, hosts: dict[str, Any], extra: dict, engine_
                                     "the inventory: its variables reach no host",
                                     "rename it after the host it is meant for, or remove it"))
     group_vars = {g: {**_inventory_group_vars(inv, g), **(_load(group_files[g][0]) if g in group_files else {})}
-                  for g in _groups(inv)}
+                  for g in ["all", *_groups(inv)]}
     sources = [(f"-e {k}", k) for k in extra]
     sources += [(f"group {g}", k) for g, v in group_vars.items() for k in v]
     for name, files in host_files.items():
@@ -195,7 +195,7 @@ def check_conflicts(inv, base: Path, hosts: dict[str, Any], extra: dict, engine_
         if k in RESERVED:
             errors.append(_error(safe(where), f"sets {k}, a name Ansible reserves for its own value",
                                  f"rename the variable (e.g. my_{k})"))
-    errors += _group_disagreements(inv, hosts, group_vars)
+    errors += _group_disagreements(inv, hosts, {g: v for g, v in group_vars.items() if g != "all"})
     warnings += _engine_host_warnings(inv, hosts, engine_group)
     return errors, warnings
 
