@@ -50,11 +50,12 @@ def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
     except OSError as exc:
         error("--out", f"cannot write {safe(exc.filename or out_dir)} ({exc.strerror or exc})",
               "give a writable directory")
+    if as_json:  # the inventory's warnings in the JSON, not on stderr beside it
+        print(json.dumps({"hosts": {h: p.to_dict() for h, _, p in plans}, "prometheus": prom,
+                          **({"warnings": [w.to_dict() for w in inv.warnings]} if inv.warnings else {})}, indent=2))
+        return
     for w in inv.warnings:
         print(w.line(), file=sys.stderr)
-    if as_json:
-        print(json.dumps({"hosts": {h: p.to_dict() for h, _, p in plans}, "prometheus": prom}, indent=2))
-        return
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text

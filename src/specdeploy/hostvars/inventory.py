@@ -235,7 +235,7 @@ def check(inv, path: Path, variables: dict[str, Any], extra: dict[str, Any]) -> 
     (``specdeploy_warnings``)."""
     from specdeploy.hostvars.inventory_checks import check_conflicts, check_names
     groups = [g for g in getattr(inv, "groups", {}) if g not in ("all", "ungrouped")]
-    errors = check_names({h: v if isinstance(v, dict) else {} for h, v in variables.items()}, groups)
+    errors = check_names({h: v if isinstance(v, dict) else {} for h, v in variables.items()}, groups, str(path))
     if errors:  # a bad name is refused before anything builds a path or a pattern from it
         raise SpecdeployError(errors)
     base = path if path.is_dir() else path.parent

@@ -98,13 +98,15 @@ def _error(subject: str, message: str, fix: str, host: str | None = None) -> Fin
     return Finding("error", subject, message, fix, host)
 
 
-def check_names(hosts: dict[str, dict], groups: list[str]) -> list[Finding]:
-    """Errors for unsafe host and group names and unusable ansible_host values."""
+def check_names(hosts: dict[str, dict], groups: list[str], where: str = "") -> list[Finding]:
+    """Errors for unsafe host and group names and unusable ansible_host values (``where``: the file, named in
+    each finding)."""
     out: list[Finding] = []
+    at = f"{safe(where)}: " if where else ""
     for h, variables in hosts.items():
         why = name_problem(h, "host")
         if why:
-            out.append(_error(f"inventory host {safe(h)!s}", f"the host name {why}", NAME_FIX))
+            out.append(_error(f"{at}inventory host {safe(h)!s}", f"the host name {why}", NAME_FIX))
             continue
         if isinstance(variables, dict) and "ansible_host" in variables:
             why = address_problem(variables["ansible_host"])
@@ -114,7 +116,7 @@ def check_names(hosts: dict[str, dict], groups: list[str]) -> list[Finding]:
     for g in groups:
         why = name_problem(g, "group")
         if why:
-            out.append(_error(f"inventory group {safe(g)}", f"the group name {why}", NAME_FIX))
+            out.append(_error(f"{at}inventory group {safe(g)}", f"the group name {why}", NAME_FIX))
     return out
 
 
@@ -293,33 +295,36 @@ def prescan(path: Path) -> list[Finding]:
     files = [path] if path.is_file() else sorted(
         p for p in path.iterdir() if p.is_file() and not p.name.startswith(".") and p.name not in IGNORED_NAMES
         and not p.name.endswith(IGNORED_EXTS)) if path.is_dir() else []
-    hosts: dict[str, dict] = {}
-    groups: list[str] = []
+    out: list[Finding] = []
     for f in files:
         try:
             text = checked_text(f)
         except (SpecdeployError, OSError):
             continue  # the readers report it in their own words
-        if f.suffix in (".yml", ".yaml", ".json") or text.lstrip().startswith(("{", "all:", "---")):
-            _yaml_names(text, hosts, groups)
-        else:
+        hosts: dict[str, dict] = {}
+        groups: list[str] = []
+        if not _yaml_names(text, hosts, groups) and f.suffix not in (".yml", ".yaml", ".json"):
             _ini_names(text, hosts, groups)
-    return check_names(hosts, groups)
+        out += check_names(hosts, groups, str(f))
+    return out
 
 
 _RANGE = re.compile(r"\[([A-Za-z0-9]+):[A-Za-z0-9]+(?::\d+)?\]")
 
 
-def _yaml_names(text: str, hosts: dict, groups: list) -> None:
+def _yaml_names(text: str, hosts: dict, groups: list) -> bool:
+    """Collect the names of a YAML inventory; False when ``text`` is not one (not YAML, not a mapping of
+    groups)."""
     import yaml
 
     from specdeploy.hostvars.varsfile import _Loader
     try:
         data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader with opaque vault tags)
     except (yaml.YAMLError, RecursionError):
-        return
-    if not isinstance(data, dict) or "plugin" in data:
-        return
+        return False
+    if not isinstance(data, dict) or "plugin" in data or not all(isinstance(v, (dict, type(None)))
+                                                                  for v in data.values()):
+        return False
     todo = list(data.items())
     while todo:
         name, body = todo.pop()
@@ -333,15 +338,16 @@ def _yaml_names(text: str, hosts: dict, groups: list) -> None:
         kids = body.get("children")
         if isinstance(kids, dict):
             todo.extend(kids.items())
+    return True
 
 
 def _ini_names(text: str, hosts: dict, groups: list) -> None:
-    section = "ungrouped"
+    section = "hosts"
     for line in text.splitlines():
         s = line.strip()
         if not s or s[0] in "#;":
             continue
-        if s.startswith("[") and s.endswith("]"):
+        if s.startswith("[") and s.endswith("]") and not s.startswith(("[[", "[{", '["')) and "," not in s:
             section = s[1:-1]
             name, _, kind = section.partition(":")
             groups.append(name)
