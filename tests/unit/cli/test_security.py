@@ -455,3 +455,51 @@ def test_the_run_directories_are_pruned_to_the_newest(tmp_path):
     made = [r for r in runs if r.endswith(("-deploy", "-verify")) and r != "20190101T000000Z-verify"]
     assert len(made) == KEEP_RUNS
     shutil.rmtree(base)
+
+
+def test_a_non_numeric_position_label_is_not_a_position():
+    """An engine's /metrics with a position label that is not a number: the sample keeps the numeric positions
+    (the gate sorts them as numbers) and drops the rest, never a ValueError."""
+    from specdeploy.speculation.exporter import parse_engine_metrics
+    name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    text = (f"# TYPE {name.removesuffix('_total')} counter\n" + "".join(
+        f'{name}{{position="{p}"}} {v}\n' for p, v in (("0", 5), ("1", 3), ("abc", 9), ("\u0661", 2), ("-1", 1))))
+    s = parse_engine_metrics("vllm", text, 0.0)
+    assert sorted(s.per_pos, key=int) == ["0", "1"]
+
+
+def test_a_vault_password_script_that_never_answers_is_refused_in_time(tmp_path, monkeypatch):
+    import specdeploy.hostvars.inventory_ansible as ia
+    from specdeploy.cli.options import vault
+    from specdeploy.hostvars.inventory import load
+    from specdeploy.values.errors import SpecdeployError
+    monkeypatch.setattr(ia, "VAULT_SCRIPT_S", 1.0)
+    ctx = rc.scratch(tmp_path / "t")
+    (tmp_path / "pw").write_text("pw\n")
+    enc = subprocess.run(["ansible-vault", "encrypt_string", "--vault-password-file", str(tmp_path / "pw"), "v",
+                          "--name", "my_vaulted"], capture_output=True, text=True, timeout=120)
+    with open(ctx["gv"], "a") as f:
+        f.write(enc.stdout)
+    script = tmp_path / "slow-pw"
+    script.write_text("#!/bin/sh\nexec sleep 600\n")
+    script.chmod(0o755)
+    t0 = time.monotonic()
+    with pytest.raises(SpecdeployError) as err:
+        load(ctx["inv"], vault=vault(None, [str(script)]))
+    assert time.monotonic() - t0 < 10 and "did not answer within 1 s" in str(err.value)
+
+
+def test_extra_vars_are_rendered_as_ansible_playbook_renders_them(tmp_path):
+    """A -e template is rendered in the plan as the play renders it (Ansible 2.19 renders only trusted
+    templates; ansible-playbook trusts its command line), connection variables included."""
+    from typer.testing import CliRunner
+
+    from specdeploy.cli import app
+    inv = rc.scratch(tmp_path)["inv"]
+    r = CliRunner().invoke(app, ["plan", "-i", inv, "--json", "-e",
+                                 json.dumps({"specdeploy_served_model_name": "{{ 'kimi' ~ '-' ~ 2 }}",
+                                             "ansible_host": "{{ '10.0.0.' ~ 9 }}"})])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert {h["served_model_name"] for h in doc["hosts"].values()} == {"kimi-2"}
+    assert "10.0.0.9:8000" in doc["prometheus"]
