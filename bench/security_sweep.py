@@ -1,7 +1,9 @@
 """Every generated case of the security classes (tests/robust_security.py: hostile output targets, hostile names,
 terminal control, secrets by value, depth and size, concurrency), each in its own scratch tree, with the checks of
-``robust_security.run``. The suite (tests/unit/cli/test_security.py) runs a deterministic sample of them; this runs
-them all. Run from the repository root:
+``robust_security.run``; and, as real processes, every writer against every system path inside a private mount
+namespace (overlays on the system directories, the root read-only) and every writer race ``--races`` times.
+The suite (tests/unit/cli/test_security.py) runs a deterministic sample of them; this runs them all. Run from
+the repository root:
 
     PYTHONPATH=src python3 bench/security_sweep.py [--class CLASS] [--match TEXT] [-v]
 
@@ -27,6 +29,7 @@ def main() -> int:
     ap.add_argument("--class", dest="cls", choices=rs.CLASSES)
     ap.add_argument("--match", default="")
     ap.add_argument("-v", action="store_true")
+    ap.add_argument("--races", type=int, default=5, help="repetitions of each writer race (concurrency)")
     args = ap.parse_args()
     cases = [c for c in rs.all_cases() if (not args.cls or c.cls == args.cls) and args.match in c.id]
     ran, failed, secs = Counter(), Counter(), Counter()
@@ -48,6 +51,32 @@ def main() -> int:
             shutil.rmtree(root, ignore_errors=True)
             ran[case.cls] += 1
             secs[case.cls] += time.perf_counter() - t0
+    extra = []  # what runs as real processes: system paths in a private mount namespace, writers racing
+    if not args.cls or args.cls == "output-targets":
+        if rs.namespace_problem() is None:
+            extra += [("output-targets", f"system-{w}-{t}", lambda tmp, c=(w, t, a): rs.system_case(*c, tmp))
+                      for w, t, a in rs.system_cases()]
+        else:
+            print(f"system paths not run: no private mount namespace ({rs.namespace_problem()})")
+    if not args.cls or args.cls == "concurrency":
+        extra += [("concurrency", f"race-{w}-{s}-{i}", lambda tmp, c=(w, s): rs.race(*c, tmp))
+                  for w in sorted(rs.RACES) for s in ("absent", "own") for i in range(args.races)]
+    for cls, name, fn in extra:
+        if args.match not in name:
+            continue
+        tmp = Path(tempfile.mkdtemp(prefix="specdeploy-sweep-"))
+        t0 = time.perf_counter()
+        try:
+            fn(tmp)
+            if args.v:
+                print(f"ok   {cls}/{name}")
+        except AssertionError as exc:
+            failed[cls] += 1
+            print(f"FAIL {cls}/{name}: {str(exc).splitlines()[0][:300]}", flush=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            ran[cls] += 1
+            secs[cls] += time.perf_counter() - t0
     rs.rc.cleanup_template()
     for cls in rs.CLASSES:
         if ran[cls]:

@@ -775,6 +775,116 @@ def _both(*patches):
     return patch
 
 
+# --- system paths in a private mount namespace --------------------------------------------------------------
+
+OVERLAID = ("/etc", "/usr", "/var", "/boot", "/opt")
+SYSTEM_TARGETS = {"etc": "/etc", "etc-new": "/etc/specdeploy-out", "usr": "/usr/local/share/specdeploy-out",
+                  "var": "/var/lib/specdeploy-out", "boot": "/boot/specdeploy-out", "home-root": "/home",
+                  "root": "/"}
+
+
+def namespace_problem() -> str | None:
+    """Why this machine cannot give a private mount namespace (None when it can)."""
+    import subprocess
+    try:
+        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return None if r.returncode == 0 else r.stderr.decode(errors="replace").strip()
+
+
+OVERLAID = ("/etc", "/usr", "/var", "/boot", "/opt")
+SYSTEM_TARGETS = {"etc": "/etc", "etc-new": "/etc/specdeploy-out", "usr": "/usr/local/share/specdeploy-out",
+                  "var": "/var/lib/specdeploy-out", "boot": "/boot/specdeploy-out", "home-root": "/home",
+                  "root": "/"}
+
+
+def run_in_namespace(argv: list[str], upper: Path, cwd: Path, env: dict, python: str):
+    """``specdeploy argv`` in a private mount namespace where each of OVERLAID is an overlay whose writes land
+    in ``upper/<dir>`` (the real directory stays as it is), and the root filesystem is read-only."""
+    mounts = []
+    for d in OVERLAID:
+        if not os.path.isdir(d):
+            continue
+        u, w = upper / d.strip("/") / "upper", upper / d.strip("/") / "work"
+        u.mkdir(parents=True)
+        w.mkdir(parents=True)
+        mounts.append(f"mount -t overlay overlay -o lowerdir={d},upperdir={u},workdir={w} {d}")
+    script = " && ".join(["mount --make-rprivate /", *mounts, "mount -o remount,bind,ro /",
+                          'exec "$@"'])
+    import subprocess
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                           python, "-m", "specdeploy.cli", *argv], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def system_cases() -> list[tuple[str, str, list[str]]]:
+    """(writer, target label, argv) for every writer against every system target: generated from WRITERS."""
+    out = []
+    for wname, (argv, what, _) in WRITERS.items():
+        for tname, target in SYSTEM_TARGETS.items():
+            t = target + ("/out.png" if what == "png" and target != "/" else "")
+            out.append((wname, tname, [a.replace("{t}", t) for a in argv]))
+    return out
+
+
+def system_case(writer: str, target: str, argv: list[str], tmp: Path) -> None:
+    """One writer against one system path, in the namespace: refused naming the path, nothing written there."""
+    import sys
+    ctx = rc.scratch(tmp / "tree")
+    (tmp / "tree" / "r.json").write_text(json.dumps(rc._tune_results()))
+    argv = [fill(a, ctx) for a in argv]
+    env = dict(os.environ, PYTHONPATH=str(rc.REPO / "src"), HOME=str(tmp / "home"), COLUMNS="200")
+    (tmp / "home").mkdir()
+    r = run_in_namespace(argv, tmp / "overlay", tmp / "tree" / "cwd", env, sys.executable)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert TRACEBACK not in out, out
+    assert "never writes there" in out and (SYSTEM_TARGETS[target].rstrip("/").split("/")[-1] in out
+                                            or target == "root" and ": /" in out), out
+    written = [str(p.relative_to(tmp / "overlay")) for p in (tmp / "overlay").rglob("*") if "/upper/" in str(p)]
+    assert not written, f"{writer} wrote into the system directories: {written[:5]}"
+
+
+# --- writers racing ---------------------------------------------------------------------------------------------
+
+RACES = {"plan": ["plan", "-i", "{inv}", "--out", "{root}/race"],
+         "tuner-csv": ["nccl", "choose", "{root}/r.json", "--tuner-csv", "{root}/race.csv"],
+         "convert": ["drafter", "convert", "{models}/drafter", "--target", "{models}/target", "--engine", "vllm",
+                     "--out", "{root}/race"]}
+
+
+def race(writer: str, start: str, tmp: Path) -> None:
+    """Two ``writer`` runs at once into one output (``start``: absent, or the writer's own earlier output):
+    each ends cleanly (written, or refused naming the path), one whole output is left, no temporary file."""
+    import subprocess
+    import sys
+
+    from specdeploy.plan.outdir import MARKER, _listing
+    ctx = rc.scratch(tmp)
+    Path(ctx["root"], "r.json").write_text(json.dumps(rc._tune_results()))
+    argv = [fill(a, ctx) for a in RACES[writer]]
+    env = dict(os.environ, PYTHONPATH=str(rc.REPO / "src"), COLUMNS="200", HOME=str(tmp))
+    cmd = [sys.executable, "-m", "specdeploy.cli", *argv]
+    if start == "own":
+        assert subprocess.run(cmd, env=env, cwd=tmp / "cwd", capture_output=True, timeout=120).returncode == 0
+    procs = [subprocess.Popen(cmd, env=env, cwd=tmp / "cwd", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    for code, out, err in results:
+        assert TRACEBACK not in out + err, out + err
+        assert code == 0 or "--out" in err or "--tuner-csv" in err, out + err
+    assert any(code == 0 for code, _, _ in results)
+    left = [p.name for p in Path(ctx["root"]).iterdir() if ".specdeploy-" in p.name]
+    assert not left, left
+    target = Path(argv[-1])
+    if target.is_dir():
+        marker = json.loads((target / MARKER).read_text())
+        assert sorted(marker["files"]) == sorted(_listing(target))
+    else:
+        assert target.read_text().startswith("# written by `specdeploy nccl choose`")
+
+
 # --- all of them ------------------------------------------------------------------------------------------------
 
 def all_cases() -> list[SecCase]:

@@ -53,75 +53,20 @@ def test_the_sample_covers_every_class_and_every_generator_part():
 
 # --- system paths, in a private mount namespace ---------------------------------------------------------------
 
-def _namespace_ok() -> str | None:
-    try:
-        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    return None if r.returncode == 0 else r.stderr.decode(errors="replace").strip()
-
-
-OVERLAID = ("/etc", "/usr", "/var", "/boot", "/opt")
-SYSTEM_TARGETS = {"etc": "/etc", "etc-new": "/etc/specdeploy-out", "usr": "/usr/local/share/specdeploy-out",
-                  "var": "/var/lib/specdeploy-out", "boot": "/boot/specdeploy-out", "home-root": "/home",
-                  "root": "/"}
-
-
-def run_in_namespace(argv: list[str], upper: Path, cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    """``specdeploy argv`` in a private mount namespace where each of OVERLAID is an overlay whose writes land
-    in ``upper/<dir>`` (the real directory stays as it is), and the root filesystem is read-only."""
-    mounts = []
-    for d in OVERLAID:
-        if not os.path.isdir(d):
-            continue
-        u, w = upper / d.strip("/") / "upper", upper / d.strip("/") / "work"
-        u.mkdir(parents=True)
-        w.mkdir(parents=True)
-        mounts.append(f"mount -t overlay overlay -o lowerdir={d},upperdir={u},workdir={w} {d}")
-    script = " && ".join(["mount --make-rprivate /", *mounts, "mount -o remount,bind,ro /",
-                          'exec "$@"'])
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                           sys.executable, "-m", "specdeploy.cli", *argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
-
-
-def system_cases() -> list[tuple[str, str, list[str]]]:
-    """(writer, target label, argv) for every writer against every system target: generated from WRITERS."""
-    out = []
-    for wname, (argv, what, _) in rs.WRITERS.items():
-        for tname, target in SYSTEM_TARGETS.items():
-            t = target + ("/out.png" if what == "png" and target != "/" else "")
-            out.append((wname, tname, [a.replace("{t}", t) for a in argv]))
-    return out
-
-
 def _system_sample():
-    cases = system_cases()
-    targets = list(SYSTEM_TARGETS)
+    cases = rs.system_cases()
+    targets = list(rs.SYSTEM_TARGETS)
     # each writer once, against a target that moves along; every target reached
     return [c for i, c in enumerate(cases) if c[1] == targets[(i // len(targets)) % len(targets)]]
 
 
 @pytest.mark.parametrize("writer,target,argv", [pytest.param(*c, id=f"{c[0]}-{c[1]}") for c in _system_sample()])
 def test_every_writer_refuses_system_paths_in_a_private_mount_namespace(writer, target, argv, tmp_path):
-    why = _namespace_ok()
+    why = rs.namespace_problem()
     if why:
         pytest.skip(f"no private mount namespace here ({why})")
-    ctx = rc.scratch(tmp_path / "tree")
-    (tmp_path / "tree" / "r.json").write_text(json.dumps(rc._tune_results()))
-    argv = [rs.fill(a, ctx) for a in argv]
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), HOME=str(tmp_path / "home"), COLUMNS="200")
-    (tmp_path / "home").mkdir()
-    r = run_in_namespace(argv, tmp_path / "overlay", tmp_path / "tree" / "cwd", env)
-    out = r.stdout + r.stderr
+    rs.system_case(writer, target, argv, tmp_path)
     rc.count("security/system-paths")
-    assert r.returncode != 0, out
-    assert "Traceback" not in out, out
-    assert "never writes there" in out and SYSTEM_TARGETS[target].rstrip("/").split("/")[-1] in out or \
-        target == "root" and ": /" in out, out
-    written = [str(p.relative_to(tmp_path / "overlay")) for p in (tmp_path / "overlay").rglob("*")
-               if "/upper/" in str(p)]
-    assert not written, f"{writer} wrote into the system directories: {written[:5]}"
 
 
 # --- Ctrl-C mid-write -------------------------------------------------------------------------------------------
@@ -253,41 +198,13 @@ def test_no_secret_value_on_disk_after_a_real_ansible_runner_run(tmp_path):
 
 # --- concurrency: writers racing each other ---------------------------------------------------------------------
 
-RACES = {"plan": ["plan", "-i", "{inv}", "--out", "{root}/race"],
-         "tuner-csv": ["nccl", "choose", "{root}/r.json", "--tuner-csv", "{root}/race.csv"],
-         "convert": ["drafter", "convert", "{models}/drafter", "--target", "{models}/target", "--engine", "vllm",
-                     "--out", "{root}/race"]}
-
-
 @pytest.mark.parametrize("start", ["absent", "own"])
-@pytest.mark.parametrize("writer", sorted(RACES))
+@pytest.mark.parametrize("writer", sorted(rs.RACES))
 def test_two_writers_racing_for_one_output_leave_one_whole_output(writer, start, tmp_path):
     """Two runs at once, into nothing or into their own earlier output: each ends cleanly (written, or refused
     naming the path), and what is left is one whole output (its manifest is what it holds), no temporary file."""
-    from specdeploy.plan.outdir import MARKER, _listing
-    ctx = rc.scratch(tmp_path)
-    Path(ctx["root"], "r.json").write_text(json.dumps(rc._tune_results()))
-    argv = [rs.fill(a, ctx) for a in RACES[writer]]
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), COLUMNS="200", HOME=str(tmp_path))
-    cmd = [sys.executable, "-m", "specdeploy.cli", *argv]
-    if start == "own":
-        assert subprocess.run(cmd, env=env, cwd=tmp_path / "cwd", capture_output=True, timeout=120).returncode == 0
-    procs = [subprocess.Popen(cmd, env=env, cwd=tmp_path / "cwd", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
-    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    rs.race(writer, start, tmp_path)
     rc.count("security/concurrency-races")
-    for code, out, err in results:
-        assert "Traceback" not in out + err, out + err
-        assert code == 0 or "--out" in err or "--tuner-csv" in err, out + err
-    assert any(code == 0 for code, _, _ in results)
-    left = [p.name for p in Path(ctx["root"]).iterdir() if ".specdeploy-" in p.name]
-    assert not left, left
-    target = Path(argv[-1])
-    if target.is_dir():
-        marker = json.loads((target / MARKER).read_text())
-        assert sorted(marker["files"]) == sorted(_listing(target))
-    else:
-        assert target.read_text().startswith("# written by `specdeploy nccl choose`")
 
 
 # --- what the rules keep working ----------------------------------------------------------------------------------
