@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import robust_security as rs  # noqa: E402
+import robust_security_outputs as rso  # noqa: E402
 from _pytest.monkeypatch import MonkeyPatch  # noqa: E402
 
 
@@ -47,20 +48,20 @@ def main() -> int:
         finally:
             mp.undo()
             rs.close_peers()
-            rs.release_locks()
+            rso.release_locks()
             shutil.rmtree(root, ignore_errors=True)
             ran[case.cls] += 1
             secs[case.cls] += time.perf_counter() - t0
     extra = []  # what runs as real processes: system paths in a private mount namespace, writers racing
     if not args.cls or args.cls == "output-targets":
-        if rs.namespace_problem() is None:
-            extra += [("output-targets", f"system-{w}-{t}", lambda tmp, c=(w, t, a): rs.system_case(*c, tmp))
-                      for w, t, a in rs.system_cases()]
+        if rso.namespace_problem() is None:
+            extra += [("output-targets", f"system-{w}-{t}", lambda tmp, c=(w, t, a): rso.system_case(*c, tmp))
+                      for w, t, a in rso.system_cases()]
         else:
-            print(f"system paths not run: no private mount namespace ({rs.namespace_problem()})")
+            print(f"system paths not run: no private mount namespace ({rso.namespace_problem()})")
     if not args.cls or args.cls == "concurrency":
-        extra += [("concurrency", f"race-{w}-{s}-{i}", lambda tmp, c=(w, s): rs.race(*c, tmp))
-                  for w in sorted(rs.RACES) for s in ("absent", "own") for i in range(args.races)]
+        extra += [("concurrency", f"race-{w}-{s}-{i}", lambda tmp, c=(w, s): rso.race(*c, tmp))
+                  for w in sorted(rso.RACES) for s in ("absent", "own") for i in range(args.races)]
     for cls, name, fn in extra:
         if args.match not in name:
             continue

@@ -20,6 +20,7 @@ import yaml
 
 import robust_cases as rc
 import robust_security as rs
+import robust_security_outputs as rso
 
 REPO = rc.REPO
 PER_CLASS = {"output-targets": 24, "hostile-names": 24, "terminal-control": 18, "secrets": 10, "depth-size": 22,
@@ -31,7 +32,7 @@ SAMPLE = rs.sample(rs.all_cases(), PER_CLASS)
 def _peers_and_locks():
     yield
     rs.close_peers()
-    rs.release_locks()
+    rso.release_locks()
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=f"{c.cls}/{c.id}") for c in SAMPLE])
@@ -47,25 +48,25 @@ def test_the_sample_covers_every_class_and_every_generator_part():
     every = rs.all_cases()
     assert len(every) > 5 * len(SAMPLE)
     full = {cls: [c.id for c in every if c.cls == cls] for cls in rs.CLASSES}
-    assert all(f"{w}-" in " ".join(full["output-targets"]) for w in rs.WRITERS)
-    assert sum(c.cls == "output-targets" for c in every) == len(rs.WRITERS) * len(rs._target_kinds()) - 1
+    assert all(f"{w}-" in " ".join(full["output-targets"]) for w in rso.WRITERS)
+    assert sum(c.cls == "output-targets" for c in every) == len(rso.WRITERS) * len(rso._target_kinds()) - 1
 
 
 # --- system paths, in a private mount namespace ---------------------------------------------------------------
 
 def _system_sample():
-    cases = rs.system_cases()
-    targets = list(rs.SYSTEM_TARGETS)
+    cases = rso.system_cases()
+    targets = list(rso.SYSTEM_TARGETS)
     # each writer once, against a target that moves along; every target reached
     return [c for i, c in enumerate(cases) if c[1] == targets[(i // len(targets)) % len(targets)]]
 
 
 @pytest.mark.parametrize("writer,target,argv", [pytest.param(*c, id=f"{c[0]}-{c[1]}") for c in _system_sample()])
 def test_every_writer_refuses_system_paths_in_a_private_mount_namespace(writer, target, argv, tmp_path):
-    why = rs.namespace_problem()
+    why = rso.namespace_problem()
     if why:
         pytest.skip(f"no private mount namespace here ({why})")
-    rs.system_case(writer, target, argv, tmp_path)
+    rso.system_case(writer, target, argv, tmp_path)
     rc.count("security/system-paths")
 
 
@@ -199,11 +200,11 @@ def test_no_secret_value_on_disk_after_a_real_ansible_runner_run(tmp_path):
 # --- concurrency: writers racing each other ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("start", ["absent", "own"])
-@pytest.mark.parametrize("writer", sorted(rs.RACES))
+@pytest.mark.parametrize("writer", sorted(rso.RACES))
 def test_two_writers_racing_for_one_output_leave_one_whole_output(writer, start, tmp_path):
     """Two runs at once, into nothing or into their own earlier output: each ends cleanly (written, or refused
     naming the path), and what is left is one whole output (its manifest is what it holds), no temporary file."""
-    rs.race(writer, start, tmp_path)
+    rso.race(writer, start, tmp_path)
     rc.count("security/concurrency-races")
 
 
