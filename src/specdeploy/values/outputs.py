@@ -1,8 +1,9 @@
 """The one rule for what a command writes on the controller, which runs as root.
 
 - A path the tool may never write: the filesystem root, a system directory or anything inside one
-  (:data:`SYSTEM_DIRS`, ``/var/tmp`` excepted), the home directory itself, ``/home`` and the working directory
-  itself (``--out .`` or ``--out ''``). Checked on the path as given and on the path with its links resolved.
+  (:data:`SYSTEM_DIRS`, ``/var/tmp`` excepted), the home directory itself, ``/home`` and each entry of it (a
+  user's home), and the working directory itself (``--out .`` or ``--out ''``). Checked on the path as given
+  and on the path with its links resolved.
 - A file the tool did not write is never written into or replaced: an existing output is replaced only when it
   carries the command's mark (each format its own: a JSON key, a PNG text chunk, a comment line), recognised by
   the ``recognise`` function the command passes; a link, a directory, a FIFO, a socket or a device is refused.
@@ -30,7 +31,7 @@ from specdeploy.values.terminal import safe
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
                "/snap", "/sys", "/usr", "/var")
 SYSTEM_EXCEPT = ("/var/tmp",)
-NEVER = ("/home",)  # refused as the target itself (what is inside is someone's home)
+HOMES = "/home"  # refused, and so is each of its entries (someone's home directory)
 JSON_MARK = "specdeploy_output"  # the key a JSON output carries: the command that wrote it
 PNG_MARK = "specdeploy"          # the PNG text chunk's keyword: the command that wrote it
 TEXT_MARK = "# written by `specdeploy {command}`"  # the first line of a text output that takes comments
@@ -69,8 +70,10 @@ def forbidden(path: str | os.PathLike) -> str | None:
         for what, where in places.items():
             if p in where:
                 return f"is {what}"
-        if str(p) in NEVER:
+        if str(p) == HOMES:
             return "holds the users' home directories"
+        if str(p.parent) == HOMES:
+            return "is a user's home directory"
         for d in SYSTEM_DIRS:
             if _inside(p, Path(d)) and not any(_inside(p, Path(x)) for x in SYSTEM_EXCEPT):
                 return f"is {'inside ' if str(p) != d else ''}the system directory {d}"
@@ -289,6 +292,7 @@ def save_png(fig, out: str | os.PathLike, option: str, command: str, **savefig) 
 def check_png(out: str | os.PathLike, option: str, command: str) -> Path:
     """A chart's output: a path ending in .png (the suffix checked before any work, not when the chart is saved)
     that the rule lets ``command`` write."""
+    check_forbidden(out, option, "a new PNG file path")
     if Path(out).suffix.lower() != ".png":
         raise refuse(option, out, "does not end in .png; the chart is a PNG image", "give a path ending in .png")
     return check_file(out, option, command, png_marked(command), "a new PNG file path")
