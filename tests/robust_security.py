@@ -262,13 +262,25 @@ def all_cases() -> list[SecCase]:
             + inputs.secret_cases() + inputs.depth_size_cases() + outputs.concurrency_cases())
 
 
-def sample(cases: list[SecCase], per_class: dict[str, int]) -> list[SecCase]:
-    """A deterministic sample: every k-th case of each class so that about ``per_class[cls]`` remain, spread over
-    the whole product (each generator's outer and inner parts)."""
+def sample(cases: list[SecCase], per_class: dict[str, int] | None = None) -> list[SecCase]:
+    """A deterministic sample that reaches every part each class is generated from: a greedy cover of the parts
+    of the case ids (writer and target kind, name mutation, placement and command, sequence and carrier, ...),
+    each step taking the case that adds the most parts not yet reached, then topped up to ``per_class[cls]``
+    with cases spread evenly over the rest."""
     out = []
     for cls in CLASSES:
         mine = [c for c in cases if c.cls == cls]
-        want = per_class.get(cls, len(mine))
-        step = max(1, len(mine) // max(1, want))
-        out += mine[::step][:want]
+        parts = {c.id: set(c.id.split("-")) for c in mine}
+        todo = set().union(*parts.values()) if parts else set()
+        chosen: list[SecCase] = []
+        while todo:
+            best = max(mine, key=lambda c: (len(parts[c.id] & todo), -mine.index(c)))
+            chosen.append(best)
+            todo -= parts[best.id]
+        rest = [c for c in mine if c not in chosen]
+        want = (per_class or {}).get(cls, 0) - len(chosen)
+        if want > 0 and rest:
+            step = max(1, len(rest) // want)
+            chosen += rest[::step][:want]
+        out += sorted(chosen, key=mine.index)
     return out
