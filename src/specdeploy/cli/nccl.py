@@ -292,4 +292,4 @@ def topo_cmd(matrix: Path = typer.Option(None, "--matrix", help="Saved `nvidia-s
     acs = parse_acs(read(lspci, ["lspci", "-vvv"], "--lspci"))
     cl = read(cmdline, ["cat", "/proc/cmdline"], "--cmdline")
     for note in explain(topo, acs, iommu_mode(cl)):
-        print("-", note)
+        print("-", safe(note))
