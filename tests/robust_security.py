@@ -182,6 +182,14 @@ def run(case: SecCase, root: Path, monkeypatch) -> str:
     return out
 
 
+def child_env(home: Path) -> dict:
+    """The environment of a command run as a process: this tree's code, ``home`` as its HOME, and matplotlib's
+    font cache where this process keeps it (a fresh HOME would rebuild it, for seconds, in every run)."""
+    import matplotlib
+    return dict(os.environ, PYTHONPATH=str(rc.REPO / "src"), HOME=str(home), COLUMNS="200",
+                MPLCONFIGDIR=os.environ.get("MPLCONFIGDIR") or matplotlib.get_configdir())
+
+
 # --- peers: a fake exporter, a fake Prometheus ----------------------------------------------------------------
 
 class Peer:

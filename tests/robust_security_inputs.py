@@ -58,7 +58,10 @@ def _rename(kind: str, new: str):
 NAME_COMMANDS = {"plan": ["plan", "-i", "{inv}", "--out", "{out}/p"], "preflight": ["preflight", "-i", "{inv}"],
                  "argv": ["engine", "argv", "-i", "{inv}", "--host", "gpu-b"],
                  "verify": ["verify", "-i", "{inv}", "--events", "{out}/events.jsonl"],
-                 "status": ["status", "-i", "{inv}", "--prometheus", "{closed}", "--timeout", "0.5"]}
+                 "status": ["status", "-i", "{inv}", "--prometheus", "{closed}", "--timeout", "0.5"],
+                 "canary": ["canary", "-i", "{inv}", "--host", "gpu-b", "--out", "{out}/c"],
+                 "regate": ["regate", "-i", "{inv}", "--prometheus", "{closed}", "--state", "{out}/st.json"],
+                 "report": ["report", "-i", "{inv}", "--out", "{out}/r.png"]}
 
 
 def hostile_name_cases() -> list[SecCase]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 import robust_cases as rc
-from robust_security import TRACEBACK, SecCase, alerts_body, fill, no_network, with_peer
+from robust_security import TRACEBACK, SecCase, alerts_body, child_env, fill, no_network, with_peer
 
 
 # --- class: output targets --------------------------------------------------------------------------------------
@@ -236,7 +236,7 @@ def system_case(writer: str, target: str, argv: list[str], tmp: Path) -> None:
     ctx = rc.scratch(tmp / "tree")
     (tmp / "tree" / "r.json").write_text(json.dumps(rc._tune_results()))
     argv = [fill(a, ctx) for a in argv]
-    env = dict(os.environ, PYTHONPATH=str(rc.REPO / "src"), HOME=str(tmp / "home"), COLUMNS="200")
+    env = child_env(tmp / "home")
     (tmp / "home").mkdir()
     r = run_in_namespace(argv, tmp / "overlay", tmp / "tree" / "cwd", env, sys.executable)
     out = r.stdout + r.stderr
@@ -266,7 +266,7 @@ def race(writer: str, start: str, tmp: Path) -> None:
     ctx = rc.scratch(tmp)
     Path(ctx["root"], "r.json").write_text(json.dumps(rc._tune_results()))
     argv = [fill(a, ctx) for a in RACES[writer]]
-    env = dict(os.environ, PYTHONPATH=str(rc.REPO / "src"), COLUMNS="200", HOME=str(tmp))
+    env = child_env(tmp)
     cmd = [sys.executable, "-m", "specdeploy.cli", *argv]
     if start == "own":
         assert subprocess.run(cmd, env=env, cwd=tmp / "cwd", capture_output=True, timeout=120).returncode == 0

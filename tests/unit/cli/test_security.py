@@ -121,11 +121,13 @@ def _interrupted_writers(ctx: dict) -> dict[str, tuple[list[str], str]]:
             "host-vars": (["nccl", "choose", f"{root}/r.json", "--write-host-vars", f"{root}/hv.yml"],
                           f"{root}/hv.yml"),
             "convert": (["drafter", "convert", ctx["models"] + "/drafter", "--target", ctx["models"] + "/target",
-                         "--engine", "vllm", "--out", f"{root}/conv"], f"{root}/conv")}
+                         "--engine", "vllm", "--out", f"{root}/conv"], f"{root}/conv"),
+            "report": (["report", "--prometheus", ctx.get("peer", ""), "--range", "5m", "--out", f"{root}/r.png"],
+                       f"{root}/r.png")}
 
 
 # every writer stopped before its rename; the directory writers also between two files of their new output
-INTERRUPTS = [(w, "rename") for w in ("plan", "tuner-csv", "chart", "host-vars", "convert")] + \
+INTERRUPTS = [(w, "rename") for w in ("plan", "tuner-csv", "chart", "host-vars", "convert", "report")] + \
     [(w, "content") for w in ("plan", "convert")]
 
 
@@ -134,12 +136,13 @@ def test_ctrl_c_mid_write_leaves_the_previous_output(writer, at, tmp_path):
     """A real SIGINT while the command writes (before its rename, or between two files of its new output)
     leaves what was there byte-identical with its mode, and no temporary file."""
     ctx = rc.scratch(tmp_path)
+    rs.with_peer(json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}}))(ctx, None)
     Path(ctx["root"], "r.json").write_text(json.dumps(rc._tune_results()))
     Path(ctx["root"], "hv.yml").write_text("---\n# my notes\nmy_var: 1\nsecret: !vault |\n  $ANSIBLE_VAULT;1.1;AES256\n"
                                            "  3131\n")
     os.chmod(Path(ctx["root"], "hv.yml"), 0o640)
     argv, target = _interrupted_writers(ctx)[writer]
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), COLUMNS="200", HOME=str(tmp_path / "home"))
+    env = rs.child_env(tmp_path / "home")
     (tmp_path / "home").mkdir()
     first = subprocess.run([sys.executable, "-m", "specdeploy.cli", *argv], env=env, cwd=tmp_path / "cwd",
                            capture_output=True, text=True, timeout=120)
@@ -184,7 +187,7 @@ def test_no_secret_value_on_disk_after_a_real_ansible_runner_run(tmp_path):
     gv.write_text(yaml.safe_dump(data) + enc.stdout)
     home = tmp_path / "home"
     home.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), HOME=str(home), COLUMNS="200")
+    env = rs.child_env(home)
     r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "verify", "-i", ctx["inv"], "--vault-password-file",
                         str(root / "pw"), "-e", f"hf_tok={values['e']}", "-e",
                         json.dumps({"cfg": {"k": values["nested"]}}), "-e", "ansible_port=1"],
