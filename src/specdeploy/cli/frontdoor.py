@@ -285,10 +285,12 @@ def regate_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
         if watch is not None:
             finite(watch, "--watch", positive=True)
         state_path = state or default_state()
-        # before anything runs: the state file's lock (a second regate on it is refused), then the file itself
-        held.enter_context(state_lock(state_path))
-        read_state(state_path)
+        read_state(state_path)  # a bad state file is an error before anything runs
         hosts, mon = targets(inventory, limit, vault=vault(vault_id, vault_password_file))
+        # before anything is deployed: the state file's lock (a second regate on it is refused), which also
+        # makes sure the state can be written
+        held.enter_context(state_lock(state_path))
+        read_state(state_path)  # as the run that held the lock before left it
     except SpecdeployError as exc:
         held.close()
         fail(exc)
