@@ -276,7 +276,7 @@ def regate_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
     from specdeploy.ops.fleet import targets
     from contextlib import ExitStack
 
-    from specdeploy.ops.regate import default_state, read_state, regate, state_lock
+    from specdeploy.ops.regate import check_state_path, default_state, read_state, regate, state_lock
     from specdeploy.ops.status import prometheus_urls
     from specdeploy.values.peerhttp import PeerError
     held = ExitStack()
@@ -285,7 +285,8 @@ def regate_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
         if watch is not None:
             finite(watch, "--watch", positive=True)
         state_path = state or default_state()
-        read_state(state_path)  # a bad state file is an error before anything runs
+        check_state_path(state_path)  # a bad state path is an error before anything runs
+        read_state(state_path)
         hosts, mon = targets(inventory, limit, vault=vault(vault_id, vault_password_file))
         # before anything is deployed: the state file's lock (a second regate on it is refused), which also
         # makes sure the state can be written

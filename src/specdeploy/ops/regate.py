@@ -112,14 +112,19 @@ def write_state(path: Path, state: dict) -> None:
                                        "give a writable path for the state file")]) from None
 
 
+def check_state_path(path: Path) -> None:
+    """What the state file may be (values.outputs): absent or a regate state file; never a path the rule
+    forbids, a link, a FIFO, a directory or someone else's file."""
+    from specdeploy.values.outputs import check_file
+    check_file(path, "--state", REGATE_CMD, _is_state, "a regate state file path")
+
+
 @contextmanager
 def state_lock(path: Path) -> Iterator[None]:
     """Hold the state file's lock (``.<name>.lock`` beside it) for the block: a second run on the same state file
     is refused, naming it. The directory is made, and must be writable, before anything runs."""
-    from specdeploy.values.outputs import check_file
     from specdeploy.values.terminal import safe
-    # what the state file may be (never a link, a FIFO or someone else's file) before anything is made beside it
-    check_file(path, "--state", REGATE_CMD, _is_state, "a regate state file path")
+    check_state_path(path)
     lock = path.parent / f".{path.name}.lock"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
