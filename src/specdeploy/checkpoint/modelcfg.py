@@ -10,8 +10,10 @@ from specdeploy.checkpoint.safetensors_io import DTYPE_BYTES, SafetensorsError, 
 
 
 def load_json(path: Path, subject: str) -> dict:
-    """A config file as a JSON object; anything else (missing, not a regular file, not UTF-8, not JSON, not an
-    object) is a finding that names the file."""
+    """A config file as a JSON object; anything else (missing, not a regular file, larger than
+    ``bounded.MAX_CONFIG``, nested deeper than ``bounded.MAX_DEPTH``, not UTF-8, not JSON, not an object) is a
+    finding that names the file. A FIFO or device is refused without blocking on it."""
+    from specdeploy.values.bounded import Refused, loads, read_regular
     fix = "fix or re-download the file"
     if not path.parent.is_dir():
         what = "is not a directory" if path.parent.exists() else "does not exist"
@@ -22,11 +24,13 @@ def load_json(path: Path, subject: str) -> dict:
         raise SpecdeployError([Finding("error", subject, f"{path} {what}",
                                        "point the path at a directory holding config.json")])
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads(read_regular(path))
     except UnicodeDecodeError:
         raise SpecdeployError([Finding("error", subject, f"{path} is not UTF-8 text", fix)]) from None
     except json.JSONDecodeError as exc:
         raise SpecdeployError([Finding("error", subject, f"{path} is not valid JSON: {exc}", fix)]) from None
+    except Refused as exc:
+        raise SpecdeployError([Finding("error", subject, f"{path} {exc}", fix)]) from None
     except OSError as exc:
         raise SpecdeployError([Finding("error", subject, f"{path} cannot be read ({exc.strerror or exc})",
                                        "make it readable")]) from None
@@ -36,11 +40,20 @@ def load_json(path: Path, subject: str) -> dict:
     return data
 
 
+# the largest value of a config's sizes any real model has, with room to spare: a config beyond it is refused
+# before anything loops over its layers or sizes its tensors
+BOUNDS = {"hidden_size": 1 << 20, "num_hidden_layers": 10_000, "vocab_size": 1 << 24, "num_attention_heads": 1 << 14}
+
+
 def _positive_int(src: dict, key: str, path: Path) -> int:
     v = src.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise SpecdeployError([Finding("error", f"target config.json {key}", f"{path / 'config.json'}: {key} is "
                                        f"{v!r}, not a positive integer", "restore the model's config.json")])
+    if v > BOUNDS.get(key, v):
+        raise SpecdeployError([Finding("error", f"target config.json {key}", f"{path / 'config.json'}: {key} is "
+                                       f"{v}, beyond any real model (at most {BOUNDS[key]:,})",
+                                       "restore the model's config.json")])
     return v
 
 

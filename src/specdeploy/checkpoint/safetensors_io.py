@@ -41,6 +41,13 @@ def _validate(path: Path):
     offsets covering the whole data section); any failure becomes one clean error naming the file."""
     from safetensors import SafetensorError, safe_open  # here: a config-only checkpoint never loads the library
 
+    from specdeploy.values.bounded import Refused, regular_file
+    try:
+        regular_file(path)  # a FIFO would block the open below
+    except Refused as exc:
+        raise SafetensorsError(f"{path.name}: {exc}") from None
+    except OSError as exc:
+        raise SafetensorsError(f"{path.name}: cannot be read ({exc.strerror or exc})") from None
     try:
         with safe_open(str(path), framework="numpy") as fh:
             fh.keys()
@@ -84,10 +91,11 @@ def checkpoint_tensors(directory: Path) -> dict[str, TensorInfo]:
     idx = directory / INDEX_FILE
     if idx.is_file():
         try:
-            weight_map = json.loads(idx.read_text())["weight_map"]
+            from specdeploy.values.bounded import loads, read_regular
+            weight_map = loads(read_regular(idx, 256 << 20))["weight_map"]
             if not isinstance(weight_map, dict):
                 raise TypeError
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, OSError):
             raise SafetensorsError(f"{INDEX_FILE}: not JSON with a weight_map object") from None
         missing = sorted({str(s) for s in weight_map.values()} - {f.name for f in files})
         if missing:

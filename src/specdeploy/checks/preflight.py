@@ -222,4 +222,29 @@ def preflight(inventory: str, limit: str | None = None, extra: dict | None = Non
             out[name] = rep
         else:
             out[name] = preflight_host(name, variables, path, probe_python)
+    # what plan and deploy refuse for the inventory as a whole, from the same code: the serving groups' checks,
+    # the router's; and what reading the inventory found worth a warning
+    for f in group_findings(inv, path, all_vars, names) + list(getattr(inv, "specdeploy_warnings", [])):
+        target = f.host if f.host in out else names[0]
+        out[target].findings.append(replace(f, host=target))
     return out
+
+
+def group_findings(inv, path: Path, all_vars: dict, names: list[str]) -> list[Finding]:
+    """topology.check_members over every engine host of the inventory that validates (a host that does not is
+    reported on its own)."""
+    from specdeploy.hostvars.inventory import engine_host_names
+    from specdeploy.topology import Member, check_members
+    members = []
+    for name in engine_host_names(inv, path, None):
+        variables = all_vars[name]
+        if isinstance(variables, SpecdeployError):
+            continue
+        try:
+            members.append(Member(name, str(variables.get("ansible_host", name)), validate_host(name, variables)))
+        except SpecdeployError:
+            continue
+    try:
+        return check_members(members, set(names))[1]
+    except SpecdeployError as exc:
+        return exc.problems

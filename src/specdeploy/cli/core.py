@@ -34,26 +34,34 @@ def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
     """Render, for every host, the units, environment, command line and scrape config a deploy installs."""
     from specdeploy.hostvars.inventory import parse_extra_vars
     from specdeploy.plan import plan, write_out
+    from specdeploy.plan.host import PLAN_CMD
+    from specdeploy.values.terminal import safe
     _limit(limit)
-    if out_dir is not None:
-        output_dir(out_dir, "--out", "a directory for the rendered files")
     try:
+        if out_dir is not None:  # before any work: what --out may be (plan.outdir)
+            from specdeploy.plan.outdir import check_target
+            check_target(out_dir, PLAN_CMD)
         secrets = vault(vault_id, vault_password_file)
-        _, plans, prom = plan(inventory, limit, parse_extra_vars(extra_vars, secrets), secrets)
-        if out_dir:
+        inv, plans, prom = plan(inventory, limit, parse_extra_vars(extra_vars, secrets), secrets)
+        if out_dir is not None:
             write_out(out_dir, plans, prom)
     except SpecdeployError as exc:
         fail(exc)
     except OSError as exc:
-        error("--out", f"cannot write {exc.filename or out_dir} ({exc.strerror or exc})", "give a writable directory")
-    if as_json:
-        print(json.dumps({"hosts": {h: p.to_dict() for h, _, p in plans}, "prometheus": prom}, indent=2))
+        error("--out", f"cannot write {safe(exc.filename or out_dir)} ({exc.strerror or exc})",
+              "give a writable directory")
+    if as_json:  # the inventory's warnings in the JSON, not on stderr beside it
+        print(json.dumps({"hosts": {h: p.to_dict() for h, _, p in plans}, "prometheus": prom,
+                          **({"warnings": [w.to_dict() for w in inv.warnings]} if inv.warnings else {})}, indent=2))
         return
+    for w in inv.warnings:
+        print(w.line(), file=sys.stderr)
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
     out = Console()
     for host, addr, p in plans:
-        t = Table(title=f"{host} ({addr})", show_header=False)
+        t = Table(title=Text(safe(f"{host} ({addr})")), show_header=False)
         for k, v in [("engine", f"{p.engine} {p.version}"), ("runtime", p.runtime), ("image", p.image or "-"),
                      ("serving group", _rank_text(p.rank)),
                      ("tensor parallel", str(p.tp)), ("speculation", "on" if p.spec else "off"),
@@ -61,11 +69,11 @@ def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
                      ("NCCL env", " ".join(f"{k}={v}" for k, v in p.env.items() if k.startswith("NCCL_")) or "-"),
                      ("ports", ", ".join(f"{k} {v}" for k, v in p.ports.items())),
                      ("units", ", ".join(u for u in (p.engine_unit, p.exporter_unit) if u))]:
-            t.add_row(k, v)
+            t.add_row(k, Text(safe(v)))
         out.print(t)
-        out.print("[bold]command[/]: " + " ".join(p.argv), soft_wrap=True, markup=True, highlight=False)
-    if out_dir:
-        out.print(f"wrote files under {out_dir}")
+        out.print("command: " + safe(" ".join(p.argv)), soft_wrap=True, markup=False, highlight=False)
+    if out_dir is not None:
+        out.print(f"wrote files under {safe(out_dir)}", markup=False, highlight=False)
 
 
 def _rank_text(rank: dict | None) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from specdeploy.values.errors import SpecdeployError
 from specdeploy.cli.app import app
 from specdeploy.cli.options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail,
                       inventory_optional, vault)
+from specdeploy.values.terminal import safe
 
 if TYPE_CHECKING:  # rich is imported by the commands that draw, not when the CLI loads
     from rich.console import Console
@@ -30,17 +32,24 @@ def _console() -> Console:
     return c if c.is_terminal else Console(width=160)
 
 
-def _rows_table(run, title: str) -> Table:
+def _esc(text, newlines: bool = False) -> str:
+    """Text from outside (a host name, a task, a log line, a label) for a rich table or panel: control
+    characters escaped (values.terminal; line breaks kept with ``newlines``), rich markup neutralised."""
     from rich.markup import escape
+    return escape(safe("" if text is None else text, newlines))
+
+
+def _rows_table(run, title: str) -> Table:
     from rich.table import Table
 
     from specdeploy.ops.progress import fmt_s
-    t = Table(title=title, expand=False)
+    t = Table(title=_esc(title), expand=False)
     for c in ("host", "phase", "progress", "elapsed", "result"):
         t.add_column(c)
     now = time.time()
     for r in run.rows.values():
-        res = r.result or (f"[red]error in: {escape(r.failed_task)}[/]" if r.failed_task else "")
+        escape = _esc
+        res = escape(r.result) or (f"[red]error in: {escape(r.failed_task)}[/]" if r.failed_task else "")
         if r.result == "ok":
             res = f"[green]ok[/] ({r.changed} changed)"
         elif r.result in ("failed", "unreachable"):
@@ -51,33 +60,44 @@ def _rows_table(run, title: str) -> Table:
 
 
 def _triage_panel(row) -> Panel:
-    from rich.markup import escape
     from rich.panel import Panel
+    escape = _esc
     tr = row.triage or {}
     if tr:
-        body = "\n".join(f"[bold]{k:10s}[/] {escape(str(tr.get(k)))}" for k in
+        body = "\n".join(f"[bold]{k:10s}[/] {escape(str(tr.get(k)), True)}" for k in
                          ("outcome", "root_cause", "location", "worker", "signature", "confidence", "fix",
                           "next_step") if tr.get(k) or k == "root_cause")
     else:
-        body = f"[bold]task[/]    {escape(row.failed_task)}\n[bold]message[/] {escape(row.message or '-')}"
+        body = f"[bold]task[/]    {escape(row.failed_task)}\n[bold]message[/] {escape(row.message or '-', True)}"
     return Panel(body, title=f"triage: {escape(row.host)}", border_style="red")
 
 
 def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Optional[List[str]],
               events: Optional[Path], skip_preflight: bool, secrets=None):
-    from specdeploy.ops.fleet import targets
-    from specdeploy.ops.runner import PLAYBOOKS, Run, private_dir, redact, run_playbook
-    from specdeploy.hostvars.inventory import parse_extra_vars
+    from specdeploy.hostvars.inventory import load, parse_extra_vars
+    from specdeploy.ops.fleet import targets_of
+    from specdeploy.ops.runner import PLAYBOOKS, Run, new_run_dir, redact, run_playbook, secret_values
+    from specdeploy.values.outputs import check_file, check_forbidden, refuse
     out = _console()
     vaulted: set[str] = set()
     vaulted_paths: list[Path] = []
     try:
+        if events is not None:  # before anything runs: the event log is a new file (values.outputs)
+            if os.path.lexists(events):
+                check_forbidden(events, "--events", "a new file path for the event log")
+                raise refuse("--events", events, "exists; specdeploy writes the event log as a new file each run "
+                             "and never appends to or changes a file it did not create",
+                             "give a new file path for the event log (or leave --events out)")
+            check_file(events, "--events", "deploy", None, "a new file path for the event log")
         if secrets is not None:  # a secret ansible-playbook could not be given under the runner: before any prompt
             secrets.playbook_args()
         extra = parse_extra_vars(extra_vars, secrets, vaulted, vaulted_paths)
-        hosts, _ = targets(inventory, limit, extra, secrets)
+        inv = load(inventory, limit=limit, extra=extra, vault=secrets)
+        hosts, _ = targets_of(inv)
     except SpecdeployError as exc:
         fail(exc)
+    for w in inv.warnings:
+        out.print(w.line(), markup=False, highlight=False)
     if not hosts:
         error("--limit", f"no engine host of {inventory} matches '{limit}'",
               "give hosts or groups of the inventory's specdeploy_engines group")
@@ -88,19 +108,18 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
         except SpecdeployError as exc:
             fail(exc)
         for host, r in reports.items():
-            out.print(f"preflight {host}: {'[green]OK[/]' if r.ok else f'[red]{len(r.errors)} error(s)[/]'}")
+            out.print(f"preflight {safe(host)}: " + ("OK" if r.ok else f"{len(r.errors)} error(s)"), markup=False,
+                      highlight=False)
             for f in r.findings:
                 f.host = None
                 out.print("  " + f.line(), markup=False, highlight=False)
         if not all(r.ok for r in reports.values()):
             out.print("[red]preflight failed: nothing was changed on any host[/]")
             raise typer.Exit(1)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    base = Path(".cache/runs") / f"{stamp}-{action}"
-    try:  # the runner's files hold the -e values as given: only the user reads them
-        private_dir(base)
+    try:  # the run's own directory: its event log, nothing else (ops.runner); older runs pruned
+        base = new_run_dir(Path(".cache/runs"), action)
     except OSError as exc:
-        error(str(base), f"cannot be created ({exc.strerror or exc})", "run from a directory you can write to")
+        error(".cache/runs", f"cannot be created ({exc.strerror or exc})", "run from a directory you can write to")
     events = events or base / "events.jsonl"
     live_tty = out.is_terminal
     shown: set[str] = set()
@@ -111,21 +130,21 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
             msg = f"{host}: {row.phase}" + (f" - {row.progress}" if row.progress else "")
             if row.failed_task:
                 msg += f" - error in: {row.failed_task}"
-            out.print(msg, markup=False, highlight=False)
+            out.print(safe(msg), markup=False, highlight=False)
         if row.triage and host not in shown:
             shown.add(host)
             if not live_tty:
                 out.print(_triage_panel(row))
 
     shown_extra, hidden = redact(extra, vaulted)
-    # values that came out of a vault reach ansible-playbook as their encrypted files, which it decrypts itself:
-    # the runner writes its extravars to disk, and a decrypted secret must not be there
+    hidden |= secret_values(inv)
+    # values that came out of a vault reach ansible-playbook as their encrypted files, which it decrypts itself
     vaulted_files = [str(p) for p in vaulted_paths]
     runner_extra = {k: v for k, v in extra.items() if k not in vaulted}
     try:
         run = Run(hosts, events, changed, hidden)
-    except OSError as exc:
-        error("--events", f"cannot write {events} ({exc.strerror or exc})", "give a writable path")
+    except SpecdeployError as exc:
+        fail(exc)
     run.log(event="started", action=action, playbook=PLAYBOOKS[action], inventory=str(inventory), limit=limit,
             extra=shown_extra)
     title = f"specdeploy {action} - {inventory}"
@@ -137,27 +156,24 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
         return Group(_rows_table(run, title), *[_triage_panel(r) for r in run.rows.values() if r.triage])
     if live_tty:
         with Live(view(), console=out, refresh_per_second=2, get_renderable=view):
-            rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, runner_extra, base / "runner", secrets,
-                              vaulted_files)
+            rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, runner_extra, secrets, vaulted_files)
     else:
-        rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, runner_extra, base / "runner", secrets,
-                          vaulted_files)
+        rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, runner_extra, secrets, vaulted_files)
         out.print(view())
     for r in run.rows.values():
         if r.result in ("failed", "unreachable") and not r.triage and r.host not in shown:
             out.print(_triage_panel(r))
     ok = sum(r.result == "ok" for r in run.rows.values())
-    out.print(f"{action}: {ok}/{len(run.rows)} hosts ok (ansible rc {rc}); events in {events}")
+    out.print(f"{action}: {ok}/{len(run.rows)} hosts ok (ansible rc {rc}); events in {safe(events)}", markup=False,
+              highlight=False)
     raise typer.Exit(run.exit_code)
 
 
 def _status_table(st: dict) -> Table:
-    from rich.markup import escape
-
-    from specdeploy.ops.progress import fmt_s  # noqa: F401
     from rich.table import Table
+    escape = _esc
     t = Table(title=f"fleet status ({time.strftime('%H:%M:%S', time.localtime(st['time']))}, prometheus: "
-                    f"{st['prometheus'] or 'unreachable'})")
+                    f"{escape(st['prometheus'] or 'unreachable')})")
     grouped = any(r.get("group") for r in st["hosts"])
     for c in ("host",) + (("group",) if grouped else ()) + ("up", "engine", "release", "spec", "gate", "AL",
                                                            "accept", "tok/s", "TTFT p50/p99", "restarts"):
@@ -177,8 +193,10 @@ def _status_table(st: dict) -> Table:
         ttft = "-" if r.get("ttft_p50") is None else f"{r['ttft_p50'] * 1000:.0f}/{r.get('ttft_p99', 0) * 1000:.0f} ms"
         t.add_row(*head, up, escape(f"{r.get('engine') or '?'} {r.get('version') or ''}"),
                   escape(r.get("release") or "-"),
-                  r.get("speculation", "?") + (f" k={r['spec_tokens']}" if r.get("speculation") == "on" else ""),
-                  r.get("gate") or "-", f(r.get("acceptance_length"), ".2f"), f(r.get("acceptance_rate"), ".0%"),
+                  escape(str(r.get("speculation", "?")) + (f" k={r['spec_tokens']}" if r.get("speculation") == "on"
+                                                          else "")),
+                  escape(r.get("gate") or "-"), f(r.get("acceptance_length"), ".2f"),
+                  f(r.get("acceptance_rate"), ".0%"),
                   f(r.get("tokens_per_s"), ".1f"), ttft, f(r.get("restarts"), ".0f"))
     return t
 
@@ -257,42 +275,53 @@ def regate_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
     alert asks for it (live speedup below 1.0 for the rules' regate_after), one host at a time."""
     from specdeploy.hostvars.argcheck import finite
     from specdeploy.ops.fleet import targets
-    from specdeploy.ops.regate import default_state, read_state, regate
+    from contextlib import ExitStack
+
+    from specdeploy.ops.regate import check_state_path, default_state, read_state, regate, state_lock
     from specdeploy.ops.status import prometheus_urls
     from specdeploy.values.peerhttp import PeerError
+    held = ExitStack()
     try:
         finite(cooldown, "--cooldown", positive=False)
         if watch is not None:
             finite(watch, "--watch", positive=True)
-        hosts, mon = targets(inventory, limit, vault=vault(vault_id, vault_password_file))
         state_path = state or default_state()
-        read_state(state_path)  # a bad state file is an error before anything runs
+        check_state_path(state_path)  # a bad state path is an error before anything runs
+        read_state(state_path)
+        hosts, mon = targets(inventory, limit, vault=vault(vault_id, vault_password_file))
+        # before anything is deployed: the state file's lock (a second regate on it is refused), which also
+        # makes sure the state can be written
+        held.enter_context(state_lock(state_path))
+        read_state(state_path)  # as the run that held the lock before left it
     except SpecdeployError as exc:
+        held.close()
         fail(exc)
     proms = prometheus_urls(mon, prometheus)
     if not proms:
         error("--prometheus", f"{inventory} has no monitoring host", "give --prometheus URL")
+
     def say(m: str) -> None:
-        print(m, file=sys.stderr if as_json else sys.stdout, flush=True)
-    while True:
-        try:
-            done = regate(inventory, proms[0], {t.host: t.address for t in hosts}, state_path, cooldown,
-                          dry_run, say)
-        except PeerError as exc:
-            error("--prometheus", f"cannot read the alerts: {exc}", "check that Prometheus is up at that URL")
-        except SpecdeployError as exc:
-            fail(exc)
-        if as_json:
-            print(json.dumps({"time": time.time(), "hosts": done}), flush=True)
-        else:
-            for d in done:
-                if d["action"] == "skipped":
-                    print(f"regate {d['host']}: left alone - {d['why']}")
-            if not done:
-                print("regate: no host needs it")
-        if watch is None:
-            break
-        time.sleep(watch)
+        print(safe(m, newlines=True), file=sys.stderr if as_json else sys.stdout, flush=True)
+    with held:
+        while True:
+            try:
+                done = regate(inventory, proms[0], {t.host: t.address for t in hosts}, state_path, cooldown,
+                              dry_run, say)
+            except PeerError as exc:
+                error("--prometheus", f"cannot read the alerts: {exc}", "check that Prometheus is up at that URL")
+            except SpecdeployError as exc:
+                fail(exc)
+            if as_json:
+                print(json.dumps({"time": time.time(), "hosts": done}), flush=True)
+            else:
+                for d in done:
+                    if d["action"] == "skipped":
+                        print(f"regate {safe(d['host'])}: left alone - {safe(d['why'])}")
+                if not done:
+                    print("regate: no host needs it")
+            if watch is None:
+                break
+            time.sleep(watch)
     raise typer.Exit(1 if any(d.get("rc") not in (None, 0) for d in done) else 0)
 
 
@@ -322,7 +351,10 @@ def canary_cmd(inventory: str = Inventory,
     from specdeploy.ops.fleet import targets
     from specdeploy.values.peerhttp import PeerError
     from specdeploy.values.errors import Finding
+    from specdeploy.ops.canary import CANARY_CMD
+    from specdeploy.plan.outdir import check_target
     try:
+        check_target(out, CANARY_CMD)  # before anything is deployed: what --out may be (plan.outdir)
         for name, v, lo in (("--concurrency", concurrency, 1), ("--requests", requests, 1), ("--rounds", rounds, 2),
                             ("--max-tokens", max_tokens, 1)):
             if v < lo:
@@ -337,7 +369,7 @@ def canary_cmd(inventory: str = Inventory,
     except SpecdeployError as exc:
         fail(exc)
     def say(m: str) -> None:
-        print(m, file=sys.stderr if as_json else sys.stdout, flush=True)
+        print(safe(m, newlines=True), file=sys.stderr if as_json else sys.stdout, flush=True)
     try:
         rep = canary(inventory, host, list(extra_vars or []), hosts, control, concurrency, requests, max_tokens,
                      rounds, tolerance, out, say=say,
@@ -353,7 +385,7 @@ def canary_cmd(inventory: str = Inventory,
     else:
         print(f"canary {host}: {rep['decision']['decision']}; fleet "
               + ("on its serving releases" if rep["fleet_on_serving"] else f"now on {rep['after']}")
-              + f" (report: {out / 'canary.json'})")
+              + f" (report: {safe(out / 'canary.json')})")
     promoted = rep["decision"]["decision"] == "promote" and rep.get("promote_rc") == 0
     raise typer.Exit(0 if promoted else 1 if rep["fleet_on_serving"] else 2)
 
@@ -383,8 +415,11 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
               "give a count of at least 1")
     if not prometheus and not inventory:
         error("--prometheus", "no Prometheus given", "give --prometheus URL or -i INVENTORY (its monitoring host)")
-    from specdeploy.cli.options import output_file
-    output_file(out, "--out", "a PNG file path")
+    from specdeploy.values.outputs import check_png
+    try:  # before any query: the suffix and what the rule lets report write (values.outputs)
+        check_png(out, "--out", "report")
+    except SpecdeployError as exc:
+        fail(exc)
     nccl_data = None
     if nccl:
         from specdeploy.hostvars.argcheck import read_json
@@ -408,9 +443,11 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
         try:
             res = render(url, out, secs, nccl_data, layers, k)
             break
+        except SpecdeployError as exc:
+            fail(exc)
         except OSError as exc:
             errors.append(f"{url}: {getattr(exc, 'reason', exc)}")
     else:
         error("--prometheus", f"cannot query {'; '.join(errors) or 'no Prometheus'}",
               "check the monitoring host is up")
-    print(json.dumps(res, indent=2) if as_json else f"wrote {res['png']} from {res['prometheus']}")
+    print(json.dumps(res, indent=2) if as_json else f"wrote {safe(res['png'])} from {safe(res['prometheus'])}")

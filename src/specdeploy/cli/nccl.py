@@ -8,7 +8,8 @@ from typing import List, Optional
 import typer
 
 from specdeploy.cli.options import (Json, VaultIds, VaultPasswordFiles, error, fail, finite, inventory_optional,
-                                    output_file, vault)
+                                    vault)
+from specdeploy.values.terminal import safe
 
 nccl_app = typer.Typer(no_args_is_help=True, help="Measure and choose the NCCL environment.")
 
@@ -59,13 +60,23 @@ def tune_cmd(gpus: int = typer.Option(2, "--gpus", min=1),
     mode_list = modes.split(",")
     if not all(m in ("eager", "graph") for m in mode_list):
         error("--modes", f"'{modes}' is not a list of eager and graph", "give eager, graph or eager,graph")
-    output_file(out, "--out", "a JSON file path for the results")
+    from specdeploy.nccl.tune import TUNE_CMD
+    from specdeploy.values.outputs import check_file, json_marked
+    try:  # before any run: what --out may be (values.outputs)
+        check_file(out, "--out", TUNE_CMD, json_marked(TUNE_CMD), "a new JSON file path for the results")
+    except SpecdeployError as exc:
+        fail(exc)
     if hidden is None:
         hidden = _hidden_from_config(model) if model else 7168
     cands = n.default_candidates(pcie=pcie)
     if candidates:
+        from specdeploy.values.bounded import yaml_depth
         try:
-            loaded = yaml.safe_load(read_text(candidates, "--candidates", "a YAML/JSON file: name -> env"))
+            text = read_text(candidates, "--candidates", "a YAML/JSON file: name -> env")
+            deep = yaml_depth(text)
+            if deep:
+                error("--candidates", f"{safe(candidates)} {deep}", "give a YAML/JSON file: name -> env")
+            loaded = yaml.safe_load(text)
         except SpecdeployError as exc:
             fail(exc)
         except yaml.YAMLError as exc:
@@ -101,11 +112,13 @@ def tune_cmd(gpus: int = typer.Option(2, "--gpus", min=1),
         try:
             res = tune(cands, gpus, hidden, out, modes=tuple(mode_list), iters=iters, timeout=timeout,
                        base_env=base, progress=cb, rounds=rounds, seed=seed, aa=aa)
+        except SpecdeployError as exc:
+            fail(exc)
         except OSError as exc:
-            error("--out", f"cannot write {out} ({exc.strerror or exc})", "give a writable results path")
+            error("--out", f"cannot write {safe(out)} ({exc.strerror or exc})", "give a writable results path")
     runs = [c for r in res["rounds"] for c in r["candidates"]]
     ok = sum(c['status'] == 'ok' for c in runs)
-    print(f"wrote {out} ({len(res['rounds'])} round(s), {ok}/{len(runs)} runs ok, seed {res['seed']})")
+    print(f"wrote {safe(out)} ({len(res['rounds'])} round(s), {ok}/{len(runs)} runs ok, seed {res['seed']})")
     if not ok:
         statuses = sorted({c["status"] for c in runs})
         error("nccl tune", f"no run succeeded ({', '.join(statuses)}); {out} holds their log tails",
@@ -143,9 +156,10 @@ def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl
         error("--mode", f"unknown mode '{mode}'", "use eager or graph")
     finite(prefill_tolerance, "--prefill-tolerance", 0)
     finite(min_gain, "--min-gain", 0)
-    for opt, p in (("--tuner-csv", tuner_csv), ("--write-host-vars", write_host_vars), ("--chart", chart)):
-        if p is not None:
-            output_file(p, opt)
+    try:  # before any work: what each output may be (values.outputs)
+        _check_outputs(tuner_csv, write_host_vars, chart)
+    except SpecdeployError as exc:
+        fail(exc)
     items = []
     try:
         for path in results:
@@ -177,6 +191,8 @@ def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl
               "give `nccl tune` results files")
     try:
         _write_outputs(ch, items, tuner_csv, write_host_vars, chart)
+    except SpecdeployError as exc:
+        fail(exc)
     except OSError as exc:
         error(f"nccl choose {getattr(exc, 'filename', '') or ''}".strip(), f"cannot write it ({exc.strerror or exc})",
               "give writable paths for --tuner-csv, --write-host-vars and --chart")
@@ -186,33 +202,38 @@ def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl
     _print_choice(ch, items, mode)
 
 
-def _write_outputs(ch, items, tuner_csv, write_host_vars, chart):
-    import yaml
+CHOOSE_CMD = "nccl choose"
 
+
+def _check_outputs(tuner_csv, write_host_vars, chart):
+    from specdeploy.values.outputs import check_file, check_png, text_marked
+    if tuner_csv is not None:
+        check_file(tuner_csv, "--tuner-csv", CHOOSE_CMD, text_marked(CHOOSE_CMD), "a new CSV file path")
+    if chart is not None:
+        check_png(chart, "--chart", CHOOSE_CMD)
+    if write_host_vars is not None:  # the one output that edits a file of the user's: any regular file
+        check_file(write_host_vars, "--write-host-vars", CHOOSE_CMD, lambda p: True, "a host_vars YAML file")
+
+
+def _write_outputs(ch, items, tuner_csv, write_host_vars, chart):
     from specdeploy.hostvars.argcheck import read_text
-    from specdeploy.values.errors import SpecdeployError
+    from specdeploy.hostvars.varsfile import set_variable
     from specdeploy.nccl.choose import evidence_lines
+    from specdeploy.values.outputs import TEXT_MARK, text_marked, write_file
+    from specdeploy.values.terminal import safe
     if tuner_csv:
-        tuner_csv.write_text("# colltype,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,"
-                             "numPipeOps,regBuff\n" + "\n".join(ch.tuner_rows) + "\n")
+        write_file(tuner_csv, TEXT_MARK.format(command=CHOOSE_CMD) + "\n"
+                   "# colltype,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff\n"
+                   + "\n".join(ch.tuner_rows) + "\n", "--tuner-csv", CHOOSE_CMD, text_marked(CHOOSE_CMD),
+                   "a new CSV file path")
     if write_host_vars:
-        try:
-            cur = yaml.safe_load(read_text(write_host_vars, "--write-host-vars", "a host_vars YAML file")) \
-                if write_host_vars.exists() else {}
-        except SpecdeployError as exc:
-            fail(exc)
-        except yaml.YAMLError as exc:
-            error(f"--write-host-vars {write_host_vars}", f"not YAML ({exc})", "fix or remove it")
-        cur = cur or {}
-        if not isinstance(cur, dict):
-            error(f"--write-host-vars {write_host_vars}", "expected a mapping of variables", "fix or remove it")
-        cur["specdeploy_nccl_env"] = ch.env
-        write_host_vars.parent.mkdir(parents=True, exist_ok=True)
-        head = "".join(f"# {line}\n" for line in evidence_lines(ch))
-        tmp = write_host_vars.with_name(write_host_vars.name + ".tmp")
-        tmp.write_text("---\n# specdeploy_nccl_env written by `specdeploy nccl choose`\n" + head
-                       + yaml.safe_dump(cur, sort_keys=True))
-        tmp.replace(write_host_vars)
+        where = f"--write-host-vars {safe(write_host_vars)}"
+        cur = read_text(write_host_vars, "--write-host-vars", "a host_vars YAML file") \
+            if write_host_vars.exists() else ""
+        comments = [f"nccl choose: {safe(line)}" for line in
+                    ["specdeploy_nccl_env written by `specdeploy nccl choose`", *evidence_lines(ch)]]
+        new = set_variable(cur, "specdeploy_nccl_env", ch.env, comments, where)
+        write_file(write_host_vars, new, "--write-host-vars", CHOOSE_CMD, lambda p: True, "a host_vars YAML file")
     if chart:
         from specdeploy.nccl.chart import choice_chart
         choice_chart(items, ch, chart)
@@ -227,12 +248,13 @@ def _print_choice(ch, items, mode):
     for col in ("candidate", "weighted decode us", "vs default [95% CI]", "faster rounds",
                 "worst prefill vs default", "verdict"):
         t.add_column(col)
-    for row in explain(ch):
-        t.add_row(*row)
+    from rich.text import Text
+    for row in explain(ch):  # candidate names come from the results files: shown escaped (values.terminal)
+        t.add_row(*[Text(safe(cell)) for cell in row])
     c = Console(width=max(Console().width, 150))
     c.print(t)
     for line in evidence_lines(ch):
-        c.print(line)
+        c.print(safe(line), markup=False, highlight=False)
     if ch.per_size_weighted_us:
         w = ch.weighted_us.get(ch.chosen)
         c.print(f"per-size best would give {ch.per_size_weighted_us:.1f} us weighted"
@@ -270,4 +292,4 @@ def topo_cmd(matrix: Path = typer.Option(None, "--matrix", help="Saved `nvidia-s
     acs = parse_acs(read(lspci, ["lspci", "-vvv"], "--lspci"))
     cl = read(cmdline, ["cat", "/proc/cmdline"], "--cmdline")
     for note in explain(topo, acs, iommu_mode(cl)):
-        print("-", note)
+        print("-", safe(note))

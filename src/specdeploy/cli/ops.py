@@ -13,7 +13,8 @@ from specdeploy.engines import DEFAULT as DEFAULT_ENGINE
 from specdeploy.values.errors import Finding, SpecdeployError
 from specdeploy.cli.app import app
 from specdeploy.cli.options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail,
-                                    known_engine, output_dir, vault)
+                                    known_engine, vault)
+from specdeploy.values.terminal import safe
 
 
 @app.command("preflight")
@@ -48,7 +49,7 @@ def preflight_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
         print(json.dumps({"ok": ok, "hosts": {h: r.to_dict() for h, r in reports.items()}}, indent=2))
     else:
         for host, r in reports.items():
-            print(f"== {host}: {'OK' if r.ok else f'{len(r.errors)} error(s)'}")
+            print(f"== {safe(host)}: {'OK' if r.ok else f'{len(r.errors)} error(s)'}")
             for f in r.findings:
                 f.host = None
                 print("  " + f.line())
@@ -109,9 +110,9 @@ def triage_cmd(logfiles: Optional[List[Path]] = typer.Argument(None),
             if k == "evidence":
                 for e in v:
                     where = f"line {e['line']}" if e.get("line") else "kernel log"
-                    print(f"{'evidence':11s} {where}: {e['text']}  ({e['why']})")
+                    print(f"{'evidence':11s} {where}: {safe(e['text'])}  ({safe(e['why'])})")
             elif v is not None and not (k == "next_step" and v in (res.fix or "")):
-                print(f"{k:11s} {v}")
+                print(f"{k:11s} {safe(v)}")
     raise typer.Exit(0 if res.root_cause or res.outcome == "clean-shutdown" else 1)
 
 @app.command("breakeven")
@@ -241,6 +242,9 @@ def _verify_cost(target, hardware, batch, k, routing_trace, locality, draft_cost
         print(line)
 
 
+GATE_CMD = "gate"
+
+
 @app.command("gate")
 def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(DEFAULT_ENGINE, "--engine"),
              prompts: Optional[Path] = typer.Option(None, "--prompts"),
@@ -264,7 +268,11 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from specdeploy.speculation.gate import chart, check_baseline, gate, load_prompts
     known_engine(engine)
-    output_dir(out, "--out", "a directory for report.json and report.png")
+    from specdeploy.plan.outdir import atomic_output_dir, check_target
+    try:  # before any measurement: what --out may be (plan.outdir)
+        check_target(out, GATE_CMD)
+    except SpecdeployError as exc:
+        fail(exc)
     try:
         levels = [int(c) for c in concurrency.split(",")]
         assert levels and all(c > 0 for c in levels)
@@ -317,9 +325,12 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
         try:
             report = gate(url, engine, levels, requests, max_tokens, prompts, base, k, margin, key, cb, shares)
         except OSError as exc:
-            error("--url", f"cannot use {url}: {exc}", "check the engine is up and is the --engine given")
+            error("--url", f"cannot use {safe(url)}: {safe(exc)}", "check the engine is up and is the --engine given")
         except SpecdeployError as exc:
             fail(exc)
+        except KeyboardInterrupt:
+            prog.stop()
+            error("gate", f"interrupted: nothing was written to {safe(out)}", "run it again to measure", 130)
         prog.update(task, completed=len(levels))
     if roofline is not None:
         from specdeploy.speculation.verifycost import add_predictions
@@ -327,9 +338,16 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
             add_predictions(report, *roofline)
         except SpecdeployError as exc:
             fail(exc)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    chart(report, out / "report.png")
+    try:
+        with atomic_output_dir(out, GATE_CMD) as tmp:
+            (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+            chart(report, tmp / "report.png")
+    except SpecdeployError as exc:
+        fail(exc)
+    except OSError as exc:
+        error("--out", f"cannot write {safe(out)} ({exc.strerror or exc})", "give a writable directory")
+    except KeyboardInterrupt:
+        error("gate", f"interrupted: {safe(out)} was left as it was", "run it again to measure", 130)
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -353,8 +371,8 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
                   + "".join(f"; c={x['concurrency']} loses ({x['speedup_at_single_k']:.2f}x against "
                             f"{x['own_speedup']:.2f}x at k={x['k']})" for x in one["loses"]))
         k_rec = ("k=" + str(report["recommended_k"])) if report.get("recommended_k") else ""
-        print(f"verdict: {report.get('verdict')} {k_rec} - {report.get('reason')}")
-        print(f"wrote {out / 'report.json'} and {out / 'report.png'}")
+        print(f"verdict: {report.get('verdict')} {k_rec} - {safe(report.get('reason'))}")
+        print(f"wrote {safe(out / 'report.json')} and {safe(out / 'report.png')}")
     if report.get("refused"):  # no verdict: whoever applies verdicts keeps the previous one
-        print(f"gate refused to decide: {report['refused']}", file=sys.stderr)
+        print(f"gate refused to decide: {safe(report['refused'])}", file=sys.stderr)
         raise typer.Exit(1)

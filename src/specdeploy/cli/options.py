@@ -71,22 +71,6 @@ def finite(value: float, option: str, minimum: float | None = None, above: bool 
         fail(exc)
 
 
-def output_file(path, option: str, what: str = "a file path"):
-    """An output path a command will write: not a directory, not a dangling link, its directory creatable."""
-    from pathlib import Path
-    path = Path(path)
-    if path.is_dir():
-        error(option, f"{path} is a directory", f"give {what}")
-    if path.is_symlink() and not path.exists():
-        error(option, f"{path} is a dangling symbolic link", f"remove it or give {what}")
-    if path.exists() and not path.is_file():
-        error(option, f"{path} is not a regular file", f"give {what}")
-    parent = next((p for p in [path.parent, *path.parent.parents] if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        error(option, f"{parent} is not a directory", f"give {what} in a directory")
-    return path
-
-
 def output_dir(path, option: str, what: str = "a directory to write"):
     """An output directory: absent (it is made) or a directory; not a file, a dangling link or under a file."""
     from pathlib import Path

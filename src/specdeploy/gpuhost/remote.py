@@ -76,7 +76,7 @@ def _ranks(inv, path, all_vars, names):
     a host that does not validate is left to its own report."""
     from specdeploy.hostvars.inventory import engine_host_names
     from specdeploy.hostvars.schema import validate_host
-    from specdeploy.topology import Member, groups, group_problems, resolve
+    from specdeploy.topology import Member, check_members
     from specdeploy.values.errors import SpecdeployError
     members = []
     for name in engine_host_names(inv, path, None):
@@ -87,16 +87,7 @@ def _ranks(inv, path, all_vars, names):
             members.append(Member(name, str(variables.get("ansible_host", name)), validate_host(name, variables)))
         except SpecdeployError:
             continue
-    wanted = {m.hv.specdeploy_group or m.name for m in members if m.name in names}
-    members = [m for m in members if (m.hv.specdeploy_group or m.name) in wanted]
-    findings = []
-    ok = []
-    for gname, ms in groups(members).items():
-        found = group_problems(gname, ms)
-        findings += found
-        if not found:
-            ok += ms
     try:
-        return resolve(ok), findings
-    except SpecdeployError as exc:  # not reached: the groups in ``ok`` passed group_problems
-        return {}, findings + exc.problems
+        return check_members(members, names)
+    except SpecdeployError as exc:  # not reached: check_members resolves only the groups that passed
+        return {}, exc.problems

@@ -84,6 +84,13 @@ def _rel_fix(variable: str) -> str:
            "at a complete one"
 
 
+def _small_text(path: Path, limit: int) -> str:
+    """A regular file's text, refused (ValueError) when larger than ``limit`` bytes: never read whole."""
+    if path.stat().st_size > limit:
+        raise ValueError(f"larger than {limit >> 20} MiB")
+    return path.read_text()
+
+
 def shard_names(directory: Path) -> tuple[list[str], list[Problem], dict[str, set[str]]]:
     """The shard files a checkpoint needs (from its index, else the *.safetensors present)."""
     idx = directory / INDEX
@@ -91,10 +98,10 @@ def shard_names(directory: Path) -> tuple[list[str], list[Problem], dict[str, se
     wanted: dict[str, set[str]] = {}
     if idx.is_file():
         try:
-            weight_map = json.loads(idx.read_text())["weight_map"]
+            weight_map = json.loads(_small_text(idx, 256 << 20))["weight_map"]
             for tensor, shard in weight_map.items():
                 wanted.setdefault(str(shard), set()).add(str(tensor))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OSError) as exc:
             problems.append(Problem(str(idx), f"not a safetensors index ({exc.__class__.__name__}: {exc})",
                                     "copy the index again from the checkpoint's source"))
         return sorted(wanted), problems, wanted
@@ -151,8 +158,8 @@ def verify(directory: str | Path, variable: str = "specdeploy_model_path", manif
         res.problems.append(Problem(variable, f"{cfg} is missing", _rel_fix(variable)))
     else:
         try:
-            json.loads(cfg.read_text())
-        except ValueError as exc:
+            json.loads(_small_text(cfg, 16 << 20))
+        except (ValueError, RecursionError, OSError) as exc:
             res.problems.append(Problem(variable, f"{cfg} is not JSON ({exc})", _rel_fix(variable)))
     shards, problems, wanted = shard_names(d)
     res.problems += [Problem(variable, f"{p.subject}: {p.message}", p.fix) for p in problems]

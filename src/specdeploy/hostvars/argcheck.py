@@ -14,26 +14,37 @@ def _err(option: str, message: str, fix: str) -> SpecdeployError:
     return SpecdeployError([Finding("error", option, message, fix)])
 
 
-def read_text(path: Path, option: str, what: str = "a text file") -> str:
+MAX_INPUT = 64 << 20  # bytes of a file given on the command line (results, reports, prompts, saved tool output)
+
+
+def read_text(path: Path, option: str, what: str = "a text file", max_bytes: int = MAX_INPUT) -> str:
+    """A UTF-8 text file of at most ``max_bytes``; a FIFO, device or directory is refused without blocking."""
+    from specdeploy.values.bounded import Refused, read_regular
     if not path.exists():
         raise _err(option, f"{path} does not exist", f"give {what}")
     if not path.is_file():
         raise _err(option, f"{path} is not a file", f"give {what}")
     try:
-        return path.read_text(encoding="utf-8")
+        return read_regular(path, max_bytes).decode("utf-8")
     except UnicodeDecodeError:
         raise _err(option, f"{path} is not UTF-8 text", f"give {what}") from None
+    except Refused as exc:
+        raise _err(option, f"{path} {exc}", f"give {what}") from None
     except OSError as exc:
         raise _err(option, f"{path} cannot be read ({exc.strerror or exc})", "make it readable") from None
 
 
 def read_json(path: Path, option: str, what: str = "a JSON file") -> Any:
+    """A JSON file within read_text's bounds, nested at most ``bounded.MAX_DEPTH`` levels."""
+    from specdeploy.values.bounded import Refused, loads
     text = read_text(path, option, what)
     try:
-        return json.loads(text)
+        return loads(text)
     except json.JSONDecodeError as exc:
         raise _err(option, f"{path} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
                    f"give {what}") from None
+    except Refused as exc:
+        raise _err(option, f"{path} {exc}", f"give {what}") from None
 
 
 def read_json_object(path: Path, option: str, what: str = "a JSON object file") -> dict:

@@ -40,6 +40,10 @@ class Inventory:
     # Every engine host of the serving groups (specdeploy_group) the engine hosts belong to, --limit or not, in
     # inventory order: topology.ranks resolves each host's rank from it.
     group_hosts: list[Host] = field(default_factory=list)
+    # what inventory_checks found worth saying but not refusing (commands print them)
+    warnings: list[Finding] = field(default_factory=list)
+    # every value that came out of a vault (the deploy's event log scrubs them)
+    secrets: set[str] = field(default_factory=set)
 
     def host(self, name: str) -> Host:
         for h in self.engine_hosts:
@@ -50,6 +54,10 @@ class Inventory:
 
 
 def _mapping(text: str, where: str) -> dict[str, Any]:
+    from specdeploy.values.bounded import yaml_depth
+    deep = yaml_depth(text)
+    if deep:
+        raise SpecdeployError([Finding("error", "-e", f"{where} {deep}", "give a flatter mapping")])
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -114,9 +122,14 @@ def parse_extra_vars(items: list[str] | None, vault: Vault | None = None,
                 raise SpecdeployError([Finding("error", "-e", f"'{pair}' is not KEY=VALUE",
                                                "write -e KEY=VALUE, -e '{\"KEY\": VALUE}' or -e @file.yml")])
             key, _, raw = pair.partition("=")
+            from specdeploy.values.bounded import yaml_depth
+            deep = yaml_depth(raw)
+            if deep:
+                raise SpecdeployError([Finding("error", "-e", f"the value of {key.strip()[:60]} {deep}",
+                                               "give a flatter value")])
             try:
                 out[key.strip()] = yaml.safe_load(raw) if raw != "" else ""
-            except yaml.YAMLError:
+            except (yaml.YAMLError, RecursionError):
                 out[key.strip()] = raw
     return out
 
@@ -135,8 +148,24 @@ def _ansible_load(path: Path, extra: dict[str, Any], vault: Vault | None = None)
         raise _ansible_error(exc, path) from None
     loader.check()
     vm = VariableManager(loader=loader, inventory=inv)
-    vm._extra_vars = dict(extra)  # what ansible-playbook -e does
+    vm._extra_vars = _trusted(dict(extra))  # what ansible-playbook -e does: its values are templates it renders
     return inv, vm, secrets
+
+
+def _trusted(value):
+    """``-e`` values as ansible-playbook holds them: strings trusted as templates (Ansible 2.19 renders only
+    trusted strings; ansible-playbook trusts its command line), so that a plan shows what the play renders."""
+    try:
+        from ansible.template import trust_as_template
+    except ImportError:  # an Ansible that trusts every string
+        return value
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, dict):
+        return {k: _trusted(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_trusted(v) for v in value]
+    return value
 
 
 def _ansible_error(exc: Exception, path: Path) -> SpecdeployError:
@@ -188,11 +217,32 @@ def host_variables(path: Path, extra: dict[str, Any] | None = None, vault: Vault
     Static YAML inventories are read natively (inventory_native, the same answer without importing Ansible);
     whatever that reader does not reproduce exactly (vaulted values among it) is read through Ansible's own API.
     Every file either reader opens is held to inventory_files' rules first."""
+    from specdeploy.hostvars.inventory_checks import prescan
     from specdeploy.hostvars.inventory_native import Unsupported, read
+    bad = prescan(path)
+    if bad:  # a name no reader should see (Ansible drops what it cannot parse, unnamed)
+        raise SpecdeployError(bad)
     try:
-        return read(path, extra or {})
+        inv, out = read(path, extra or {})
     except Unsupported:
-        return ansible_host_variables(path, extra, vault)
+        inv, out = ansible_host_variables(path, extra, vault)
+    check(inv, path, out, extra or {})
+    return inv, out
+
+
+def check(inv, path: Path, variables: dict[str, Any], extra: dict[str, Any]) -> None:
+    """inventory_checks on what either reader read: raise its errors (all of them), keep its warnings on ``inv``
+    (``specdeploy_warnings``)."""
+    from specdeploy.hostvars.inventory_checks import check_conflicts, check_names
+    groups = [g for g in getattr(inv, "groups", {}) if g not in ("all", "ungrouped")]
+    errors = check_names({h: v if isinstance(v, dict) else {} for h, v in variables.items()}, groups, str(path))
+    if errors:  # a bad name is refused before anything builds a path or a pattern from it
+        raise SpecdeployError(errors)
+    base = path if path.is_dir() else path.parent
+    errors, warnings = check_conflicts(inv, base, variables, extra, ENGINE_GROUP)
+    if errors:
+        raise SpecdeployError(errors)
+    inv.specdeploy_warnings = warnings
 
 
 def ansible_host_variables(path: Path, extra: dict[str, Any] | None = None, vault: Vault | None = None):
@@ -201,22 +251,40 @@ def ansible_host_variables(path: Path, extra: dict[str, Any] | None = None, vaul
     from ansible.template import Templar
 
     from specdeploy.hostvars.inventory_ansible import undecryptable, vault_context
+    from specdeploy.hostvars.inventory_ansible import encrypted_values
+    from specdeploy.hostvars.inventory_native import templated
+    from specdeploy.hostvars.jinja_guard import BUDGET_S, TimeUp, time_limit
     inv, vm, secrets = _ansible_load(path, extra or {}, vault)
     out: dict[str, Any] = {}
-    with vault_context(secrets):
-        for h in inv.get_hosts():
-            raw = _ansible_vars(vm, h, path)
-            locked = undecryptable(raw, h.name)
-            if locked:
-                out[h.name] = SpecdeployError(locked)
-                continue
-            templar = Templar(loader=vm._loader, variables=raw)
-            try:
-                out[h.name] = plain({k: (_template(templar, k, v, h.name) if k.startswith("specdeploy_") else v)
-                                      for k, v in raw.items()})
-            except SpecdeployError as exc:
-                out[h.name] = exc
+    opened: set[str] = set()
+    at = ("", "")
+    try:
+        with vault_context(secrets), time_limit(BUDGET_S):
+            for h in inv.get_hosts():
+                at = (h.name, "")
+                raw = _ansible_vars(vm, h, path)
+                locked = undecryptable(raw, h.name)
+                if locked:
+                    out[h.name] = SpecdeployError(locked)
+                    continue
+                opened.update(str(e) for v in raw.values() for e in encrypted_values(v))
+                templar = Templar(loader=vm._loader, variables=raw)
+                try:
+                    done = {}
+                    for k, v in raw.items():
+                        at = (h.name, k)
+                        done[k] = _template(templar, k, v, h.name) if templated(k) else v
+                    out[h.name] = plain(done)
+                except SpecdeployError as exc:
+                    out[h.name] = exc
+    except TimeUp:
+        raise SpecdeployError([Finding("error", at[1] or "inventory", f"rendering the inventory's templates took "
+                                       f"more than {BUDGET_S:g} s (at {at[1] or 'the variables'} of {at[0]})",
+                                       "simplify the template: a plan or a preflight renders every host's "
+                                       "variables", at[0] or None)]) from None
+    inv.specdeploy_secrets = opened
     return inv, out
+
 
 
 def engine_host_names(inv, path: Path, limit: str | None) -> list[str]:
@@ -257,7 +325,8 @@ def load(path: str | os.PathLike, limit: str | None = None, extra: dict[str, Any
         raise SpecdeployError(problems)
     members = _group_members(inv, path, all_vars, hosts)
     monitoring = [h.name for h in inv.get_hosts(MONITORING_GROUP)]
-    return Inventory(path, hosts, monitoring, {k: v for k, v in all_vars.items() if isinstance(v, dict)}, members)
+    return Inventory(path, hosts, monitoring, {k: v for k, v in all_vars.items() if isinstance(v, dict)}, members,
+                     list(getattr(inv, "specdeploy_warnings", [])), set(getattr(inv, "specdeploy_secrets", ())))
 
 
 def _group_members(inv, path: Path, all_vars, hosts: list[Host]) -> list[Host]:
@@ -284,9 +353,20 @@ def _group_members(inv, path: Path, all_vars, hosts: list[Host]) -> list[Host]:
 
 
 def _template(templar, key, value, host):
+    from specdeploy.hostvars.jinja_guard import problems_in
+    refused = problems_in(value, key)
+    if refused:
+        where, why = refused[0]
+        raise SpecdeployError([Finding("error", where, f"is a template that {why}; specdeploy renders an "
+                                       "inventory's templates within bounds and refuses this one",
+                                       "give the value itself, or a template of variable references and "
+                                       "filters", host)])
+    from specdeploy.hostvars.jinja_guard import CLOCK, TimeUp
     try:
         return templar.template(value)
     except Exception as exc:  # Ansible raises many types; all mean the same to the user
+        if CLOCK.expired:
+            raise TimeUp() from None
         raise SpecdeployError([Finding("error", key, f"cannot be templated: {exc}".splitlines()[0],
                                        "fix the Jinja expression or define the variables it uses", host)]) from None
 

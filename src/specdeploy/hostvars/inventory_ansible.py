@@ -81,6 +81,7 @@ def vault_secrets(loader, vault: Vault | None) -> list:
                 secret = PromptVaultSecret(prompt_formats=[f"Vault password ({label}): "], vault_id=label)
             else:
                 secret = get_file_vault_secret(filename=source, vault_id=label, loader=loader)
+                _bound_script(secret)
             secret.load()
         except (AnsibleError, OSError) as exc:
             msg = (str(getattr(exc, "message", "") or exc).strip().splitlines() or ["cannot be read"])[0]
@@ -90,6 +91,40 @@ def vault_secrets(loader, vault: Vault | None) -> list:
         out.append((label, secret))
         loader.set_vault_secrets(out)
     return out
+
+
+VAULT_SCRIPT_S = 60.0  # how long a vault password script may take to print the password
+
+
+def _bound_script(secret) -> None:
+    """A vault password script (or client script) that does not answer within :data:`VAULT_SCRIPT_S` is killed
+    and refused, naming it; Ansible itself would wait for it forever."""
+    import subprocess
+
+    from ansible.errors import AnsibleError
+    from ansible.parsing.vault import ClientScriptVaultSecret, ScriptVaultSecret
+    if not isinstance(secret, ScriptVaultSecret):
+        return
+    client = isinstance(secret, ClientScriptVaultSecret)
+
+    def run(command):
+        try:
+            p = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE if client else None)
+        except OSError as exc:
+            raise AnsibleError(f"cannot run the vault password script {secret.filename} ({exc.strerror or exc})"
+                               ) from None
+        try:
+            out, err = p.communicate(timeout=VAULT_SCRIPT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            try:
+                p.communicate(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+            raise AnsibleError(f"the vault password script {secret.filename} did not answer within "
+                               f"{VAULT_SCRIPT_S:g} s") from None
+        return out, err, p
+    secret._run = run
 
 
 @contextmanager
@@ -165,8 +200,25 @@ def guarded_loader(source: Path, vault: Vault | None, groups: bool = True):
             if chain:
                 raise group_loop(self.loop_file or str(source), chain)
 
+    safe_display()
     loader = Loader()
     return loader, vault_secrets(loader, vault)
+
+
+def safe_display() -> None:
+    """Ansible's own messages printed by this process (its warnings while it reads an inventory quote names and
+    file contents) with their control characters escaped (values.terminal), before Ansible colours them."""
+    from ansible.utils.display import Display
+
+    from specdeploy.values.terminal import safe
+    if getattr(Display.display, "specdeploy_safe", False):
+        return
+    original = Display.display
+
+    def display(self, msg, *args, **kwargs):
+        return original(self, safe(msg, newlines=True) if isinstance(msg, str) else msg, *args, **kwargs)
+    display.specdeploy_safe = True
+    Display.display = display
 
 
 def vaulted_vars_file(path: Path, vault: Vault | None) -> tuple[dict[str, Any], set[str]]:

@@ -89,6 +89,10 @@ def check_text(path: str | os.PathLike, text: str) -> None:
     left to the reader, which reports it in its own words."""
     if os.path.splitext(str(path))[1] not in STRUCTURED_EXTS or text.lstrip().startswith("$ANSIBLE_VAULT"):
         return
+    from specdeploy.values.bounded import yaml_depth
+    deep = yaml_depth(text)
+    if deep:  # before any parser recurses into it (libyaml's crashes the process)
+        raise refuse(str(path), deep, "flatten the document")
     try:
         json.loads(text, object_pairs_hook=_json_pairs(path, text))
         return

@@ -300,6 +300,15 @@ class NativeInventory:
         return out
 
 
+# the variables specdeploy reads from an inventory, rendered as a play renders them before it uses them
+CONNECTION_VARS = ("ansible_host", "ansible_port", "ansible_user", "ansible_connection", "ansible_ssh_private_key_file",
+                   "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_args")
+
+
+def templated(key: str) -> bool:
+    return key.startswith("specdeploy_") or key in CONNECTION_VARS
+
+
 def split_pattern(pattern: str) -> list[str] | None:
     """The terms of a --limit pattern, or None where Ansible's reading may differ from a plain split."""
     if "," in pattern:
@@ -406,7 +415,7 @@ def template(value: Any, variables: dict[str, Any], depth: int = 0) -> Any:
 
 
 def read(path: Path, extra: dict[str, Any]) -> tuple[NativeInventory, dict[str, dict[str, Any]]]:
-    """(inventory, {host: variables with every specdeploy_* value templated}), or Unsupported."""
+    """(inventory, {host: variables with every specdeploy_* and connection value templated}), or Unsupported."""
     _check_settings(Path.cwd())
     raw = str(path)
     if any(c in raw for c in ",$~") or not raw:
@@ -442,7 +451,7 @@ def read(path: Path, extra: dict[str, Any]) -> tuple[NativeInventory, dict[str, 
     out: dict[str, dict[str, Any]] = {}
     for h in inv.get_hosts("all"):
         v = inv.host_vars(h.name, base, extra)
-        out[h.name] = {k: (template(val, v) if k.startswith("specdeploy_") else val) for k, val in v.items()}
+        out[h.name] = {k: (template(val, v) if templated(k) else val) for k, val in v.items()}
     return inv, out
 
 

@@ -23,6 +23,21 @@ PREFIX = "specdeploy_"
 
 
 
+def _wants_number(annotation: Any) -> bool:
+    """The annotation takes an int or a float and no bool (Optional and unions looked through)."""
+    import typing
+    todo, kinds = [annotation], set()
+    while todo:
+        a = todo.pop()
+        args = typing.get_args(a)
+        if typing.get_origin(a) in (typing.Union, getattr(__import__("types"), "UnionType", None)) or \
+                typing.get_origin(a) is Annotated:
+            todo.extend(args)
+        else:
+            kinds.add(a)
+    return bool(kinds & {int, float}) and bool not in kinds
+
+
 def control_characters(value: Any, where: str = "") -> list[tuple[str, str]]:
     """(where, character) for every control character in a string of ``value``, dict keys and list items
     included: C0 and C1 controls, DEL, and the Unicode line and paragraph separators. None of them has a meaning
@@ -288,6 +303,16 @@ class HostVars(BaseModel):
     @classmethod
     def _no_control_characters(cls, v: Any) -> Any:
         return refuse_control_characters(v)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, v: Any, info) -> Any:
+        """YAML's true/false where a number is wanted is refused: pydantic would read ``specdeploy_port: true``
+        as port 1."""
+        if isinstance(v, bool) and _wants_number(cls.model_fields[info.field_name].annotation):
+            raise PydanticCustomError("bool_for_number", "{v} is a boolean where a number is wanted (write the number)",
+                                      {"v": str(v).lower()})
+        return v
 
     @field_validator("specdeploy_engine_env", "specdeploy_nccl_env")
     @classmethod

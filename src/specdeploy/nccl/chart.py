@@ -66,7 +66,9 @@ def choice_chart(items: list[tuple[str, dict]], choice, out: Path) -> Path:
     bx.set_title(f"chosen: {choice.chosen}", fontsize=9)
     bx.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    from specdeploy.values.outputs import save_png
+    try:
+        save_png(fig, out, "--chart", "nccl choose", dpi=110)
+    finally:
+        plt.close(fig)
     return out

@@ -116,10 +116,10 @@ def tune(candidates: dict[str, dict[str, str]], gpus: int, hidden: int, out: Pat
         cands[AA_NAME] = dict(cands["default"])
     seed = seed if seed is not None else random.SystemRandom().randrange(2 ** 31)
     rng = random.Random(seed)
-    result = {"format": 2, "gpus": gpus, "hidden": hidden, "dtype": "bfloat16", "tokens": list(tokens),
-              "modes": list(modes), "base_env": base_env, "label": label, "host": socket.gethostname(),
-              "seed": seed, "rounds": []}
-    out.parent.mkdir(parents=True, exist_ok=True)
+    from specdeploy.values.outputs import JSON_MARK, json_marked, write_file
+    result = {"format": 2, JSON_MARK: TUNE_CMD, "gpus": gpus, "hidden": hidden, "dtype": "bfloat16",
+              "tokens": list(tokens), "modes": list(modes), "base_env": base_env, "label": label,
+              "host": socket.gethostname(), "seed": seed, "rounds": []}
     for r in range(rounds):
         order = list(cands)
         rng.shuffle(order)
@@ -134,7 +134,10 @@ def tune(candidates: dict[str, dict[str, str]], gpus: int, hidden: int, out: Pat
             if progress:
                 progress(name, rec["status"], r)
         result["rounds"].append({"round": r + 1, "started": started, "order": order, "candidates": runs})
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        tmp.replace(out)
+        # the output rule (values.outputs): written beside and renamed in; only an earlier results file is replaced
+        write_file(out, json.dumps(result, indent=1), "--out", TUNE_CMD, json_marked(TUNE_CMD),
+                   "a new JSON file path for the results")
     return result
+
+
+TUNE_CMD = "nccl tune"

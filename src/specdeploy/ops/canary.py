@@ -212,8 +212,9 @@ def canary(inventory: str, host: str, extra_vars: list[str], targets, control: s
     else:
         say(f"canary {host}: now {now}; measuring against {ctl.host} at concurrency {concurrency}, "
             f"{rounds} interleaved rounds of {requests} requests")
-        sides = measure((ctl.host, f"http://{ctl.address}:{ctl.engine_port}"),
-                        (cand.host, f"http://{cand.address}:{cand.engine_port}"), cand.engine, concurrency,
+        from specdeploy.values.peerhttp import host_port
+        sides = measure((ctl.host, f"http://{host_port(ctl.address, ctl.engine_port)}"),
+                        (cand.host, f"http://{host_port(cand.address, cand.engine_port)}"), cand.engine, concurrency,
                         requests, max_tokens, rounds, api_key, say=say)
         report["sides"] = {"control": {"host": ctl.host, "rounds": sides[0].rounds},
                            "canary": {"host": cand.host, "rounds": sides[1].rounds}}
@@ -237,9 +238,13 @@ def canary(inventory: str, host: str, extra_vars: list[str], targets, control: s
     if d["decision"] != "promote" and after != before:
         say(f"canary {host}: the fleet is NOT back on its serving releases: {after} (was {before})")
     report["at"] = time.time()
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "canary.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-        if "sides" in report:
-            chart(report, out_dir / "canary.png")
+    if out_dir is not None:  # the output rule (plan.outdir): a new directory beside, renamed in
+        from specdeploy.plan.outdir import atomic_output_dir
+        with atomic_output_dir(out_dir, CANARY_CMD) as tmp:
+            (tmp / "canary.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+            if "sides" in report:
+                chart(report, tmp / "canary.png")
     return report
+
+
+CANARY_CMD = "canary"

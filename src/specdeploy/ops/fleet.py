@@ -26,10 +26,14 @@ def targets(inventory: str, limit: str | None = None, extra: dict | None = None,
     """Engine hosts with their ports and an ssh command line (from the same Ansible variables a play uses),
     and the monitoring hosts' addresses."""
     from specdeploy.hostvars.inventory import load
+    return targets_of(load(inventory, limit=limit, extra=extra, vault=vault))
+
+
+def targets_of(inv) -> tuple[list[Target], list[str]]:
+    """:func:`targets` of an inventory already loaded (hostvars.inventory.Inventory)."""
     from specdeploy.hostvars.ssh import destination, ssh_options
     from specdeploy.plan.render.paths import unit_name
     from specdeploy.topology import inventory_ranks
-    inv = load(inventory, limit=limit, extra=extra, vault=vault)
     ranks = inventory_ranks(inv)
     out = []
     for h in inv.engine_hosts:

@@ -12,15 +12,21 @@ anything fails. A host re-gated within ``cooldown_s`` is left alone (the alert n
 before it clears), and so is one that is not in the inventory.
 
 What was done is kept in a small JSON state file (host -> when, which alert, the deploy's exit status), so a
-``--watch`` loop and separate runs agree on the cooldown.
+``--watch`` loop and separate runs agree on the cooldown. A run holds a lock beside it (``.<name>.lock``) from its
+start to its end: a second ``regate`` on the same state file is refused while the first runs, so two runs never
+deploy the same host at once. The state file is written by the output rule (values.outputs: beside, renamed in;
+a file that is not a regate state file is never replaced).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,16 +67,21 @@ def firing(prometheus: str, timeout: float = 10.0) -> list[Alert]:
 
 def read_state(path: Path) -> dict:
     """host -> {"at": seconds, "alert": name, "rc": exit status}; {} when there is none yet."""
+    from specdeploy.values.bounded import Refused, read_regular
     try:
-        raw = path.read_bytes()[:MAX_STATE + 1]
+        raw = read_regular(path, MAX_STATE)
     except FileNotFoundError:
         return {}
+    except Refused as exc:
+        raise SpecdeployError([Finding("error", "--state", f"{path} {exc}", "give a regate state file, or a new "
+                                       "path")]) from None
     except OSError as exc:
         raise SpecdeployError([Finding("error", "--state", f"{path} cannot be read ({exc.strerror or exc})",
                                        "give a readable file, or a new path")]) from None
+    from specdeploy.values.bounded import loads
     try:
-        data = json.loads(raw.decode()) if len(raw) <= MAX_STATE else None
-    except (UnicodeDecodeError, ValueError):
+        data = loads(raw.decode()) if len(raw) <= MAX_STATE else None
+    except (UnicodeDecodeError, ValueError):  # not JSON, or nested beyond bounded.MAX_DEPTH
         data = None
     if not isinstance(data, dict) or not all(isinstance(v, dict) and isinstance(v.get("at"), (int, float))
                                              for v in data.values()):
@@ -79,11 +90,62 @@ def read_state(path: Path) -> dict:
     return data
 
 
+REGATE_CMD = "regate"
+
+
+def _is_state(path: Path) -> bool:
+    try:
+        read_state(path)
+        return True
+    except SpecdeployError:
+        return False
+
+
 def write_state(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    """The state file written by the output rule; a failure is a finding naming --state, never a traceback."""
+    from specdeploy.values.outputs import write_file
+    try:
+        write_file(path, json.dumps(state, indent=1, sort_keys=True) + "\n", "--state", REGATE_CMD, _is_state,
+                   "a regate state file path", mode=0o600)
+    except OSError as exc:
+        raise SpecdeployError([Finding("error", "--state", f"{path} cannot be written ({exc.strerror or exc})",
+                                       "give a writable path for the state file")]) from None
+
+
+def check_state_path(path: Path) -> None:
+    """What the state file may be (values.outputs): absent or a regate state file; never a path the rule
+    forbids, a link, a FIFO, a directory or someone else's file."""
+    from specdeploy.values.outputs import check_file
+    check_file(path, "--state", REGATE_CMD, _is_state, "a regate state file path")
+
+
+@contextmanager
+def state_lock(path: Path) -> Iterator[None]:
+    """Hold the state file's lock (``.<name>.lock`` beside it) for the block: a second run on the same state file
+    is refused, naming it. The directory is made, and must be writable, before anything runs."""
+    from specdeploy.values.terminal import safe
+    check_state_path(path)
+    lock = path.parent / f".{path.name}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise SpecdeployError([Finding("error", "--state", f"{safe(path)}: its directory cannot hold the state "
+                                       f"file ({exc.strerror or exc})", "give a writable path for the state file")
+                               ]) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SpecdeployError([Finding("error", "--state", f"{safe(path)} is in use by another `specdeploy "
+                                           "regate` (it holds the lock); two runs would deploy the same hosts",
+                                           "wait for it to end, or give it its own --state")]) from None
+        if not os.access(path.parent, os.W_OK):
+            raise SpecdeployError([Finding("error", "--state", f"{safe(path.parent)} is not writable",
+                                           "give a writable path for the state file")])
+        yield
+    finally:
+        os.close(fd)
 
 
 def choose(alerts: list[Alert], hosts: dict[str, str], state: dict, now: float,

@@ -1,5 +1,14 @@
 """Deploy, rollback and verify through ansible-runner: one live row per host (phase, load progress, staging
-progress), the events written down with secrets redacted."""
+progress), the events written down with secrets redacted.
+
+What a run leaves on disk is its event log (``.cache/runs/<time>-<action>/events.jsonl``, 0600 in a 0700
+directory, created exclusively), with every secret value replaced by ``<redacted>``: each ``-e`` value but numbers,
+booleans and the schema's choices (by value, wherever it appears), every value out of a vault, the API key files'
+contents. ansible-runner's own files (its private data directory with the ``-e`` values, its artifacts: the job
+events, the command with the environment, the fact cache) live in a private temporary directory, on tmpfs where
+the machine has ``/dev/shm``, removed when the run ends however it ends; the ``-e`` values reach ansible-playbook
+as ``-e @FILE`` from there, never as ansible-runner's ``env/extravars``. The last :data:`KEEP_RUNS` run
+directories are kept; older ones that specdeploy made are removed at the start of a run."""
 from __future__ import annotations
 
 import json
@@ -35,10 +44,40 @@ def secret_name(key: str) -> bool:
     return bool(SECRET_WORDS & set(words)) or any(part in w for w in words for part in SECRET_PARTS)
 
 
+KEEP_RUNS = 20  # run directories kept under .cache/runs (the newest ones)
+SCRUB_MIN = 4   # a secret value shorter than this is hidden where it is given, not searched for in other text
+
+
+def _public(key, value) -> bool:
+    """A ``-e`` value that is no secret: a number, a boolean, nothing, or one of the schema's choices for the
+    variable it is given to (an engine name, a layout, a hardware profile)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return True
+    if not isinstance(value, str):
+        return False
+    import typing
+
+    from specdeploy.hostvars.schema import HostVars
+    field = HostVars.model_fields.get(str(key))
+    if field is None:
+        return False
+    choices: set = set()
+    todo = [field.annotation]
+    while todo:
+        a = todo.pop()
+        if typing.get_origin(a) is typing.Literal:
+            choices.update(typing.get_args(a))
+        else:
+            todo.extend(typing.get_args(a))
+    return value in choices
+
+
 def redact(extra: dict, vaulted: set[str] | frozenset = frozenset()) -> tuple[dict, set[str]]:
-    """``-e`` values as they may be written down: a value whose key looks secret, that came from a vault
-    (``vaulted``: top-level keys) or that is itself vault ciphertext becomes ``<redacted>``. Also the plain
-    text of every redacted value, to scrub from anything else written."""
+    """``-e`` values as they may be written down: every value is taken for a secret (a name does not say whether
+    it is one: ``hf_tok``) except numbers, booleans and the schema's choices (:func:`_public`); a value whose
+    key looks secret, that came from a vault (``vaulted``: top-level keys) or that is vault ciphertext is hidden
+    whatever it is. Hidden values become ``<redacted>``. Also the plain text of every hidden value, to scrub from
+    anything else written."""
     found: set[str] = set()
 
     def hide(value) -> str:
@@ -48,20 +87,38 @@ def redact(extra: dict, vaulted: set[str] | frozenset = frozenset()) -> tuple[di
         elif isinstance(value, (list, tuple)):
             for v in value:
                 hide(v)
-        elif value is not None and not isinstance(value, bool) and len(str(value)) >= 4:
+        elif value is not None and not isinstance(value, bool) and len(str(value)) >= SCRUB_MIN:
             found.add(str(value))
         return REDACTED
 
-    def walk(obj, top: bool):
+    def walk(obj, key, top: bool):
         if isinstance(obj, dict):
-            return {k: hide(v) if secret_name(k) or (top and k in vaulted) else walk(v, False)
+            return {k: hide(v) if secret_name(k) or (top and k in vaulted) else walk(v, k, False)
                     for k, v in obj.items()}
         if isinstance(obj, list):
-            return [walk(v, False) for v in obj]
-        if isinstance(obj, str) and obj.lstrip().startswith("$ANSIBLE_VAULT"):
+            return [walk(v, key, False) for v in obj]
+        if isinstance(obj, str) and (obj.lstrip().startswith("$ANSIBLE_VAULT") or not (top and _public(key, obj))):
             return hide(obj)
         return obj
-    return walk(extra or {}, True), found
+    return {k: hide(v) if secret_name(k) or k in vaulted else walk(v, k, True)
+            for k, v in (extra or {}).items()}, found
+
+
+def secret_values(inv) -> set[str]:
+    """The secret values an inventory holds besides ``-e``: every value that came out of a vault, and the
+    contents of the engine hosts' API key files (read as the deploy reads them, trailing white space dropped)."""
+    from specdeploy.values.bounded import read_regular
+    out = {s for s in getattr(inv, "secrets", ()) if len(s) >= SCRUB_MIN}
+    for h in getattr(inv, "engine_hosts", ()):
+        key = h.hv.specdeploy_api_key_file
+        if key:
+            try:
+                text = read_regular(key, 64 << 10).decode("utf-8", "replace").rstrip()
+            except (OSError, ValueError):
+                continue
+            if len(text) >= SCRUB_MIN:
+                out.update({text, *[line.strip() for line in text.splitlines() if len(line.strip()) >= SCRUB_MIN]})
+    return out
 
 
 def private_dir(path: Path) -> Path:
@@ -72,6 +129,50 @@ def private_dir(path: Path) -> Path:
     except FileExistsError:
         pass
     return path
+
+
+RUN_NAME = re.compile(r"\d{8}T\d{6}Z-(deploy|rollback|verify)(-\d+)?\Z")
+RUN_FILES = {"events.jsonl", "runner"}  # what a run directory holds (runner: left by earlier releases)
+
+
+def new_run_dir(base: Path, action: str, keep: int = KEEP_RUNS) -> Path:
+    """A new run directory ``base/<UTC time>-<action>`` (0700; ``-2``, ``-3``... when the second is taken), after
+    removing all but the newest ``keep - 1`` earlier ones. Only directories specdeploy made are removed: a name
+    of its pattern holding nothing but a run's files."""
+    base.mkdir(parents=True, exist_ok=True)
+    prune_runs(base, keep - 1)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in range(1, 1000):
+        path = base / (f"{stamp}-{action}" + (f"-{n}" if n > 1 else ""))
+        try:
+            path.mkdir(mode=0o700)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(str(base / f"{stamp}-{action}"))
+
+
+def prune_runs(base: Path, keep: int) -> list[Path]:
+    """Remove the run directories under ``base`` but the newest ``keep``; returns what was removed."""
+    import shutil
+    runs = []
+    for p in base.iterdir():
+        if RUN_NAME.match(p.name) and p.is_dir() and not p.is_symlink() \
+                and {c.name for c in p.iterdir()} <= RUN_FILES:
+            runs.append(p)
+    runs.sort(key=lambda p: (p.name[:16], int(p.name.rsplit("-", 1)[1]) if p.name[-1].isdigit() else 1))
+    gone = runs[:max(0, len(runs) - keep)]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
+def private_tmp(prefix: str = "specdeploy-run-") -> Path:
+    """A new 0700 directory for what must not stay on disk: on tmpfs (``/dev/shm``) where the machine has it."""
+    import tempfile
+    shm = "/dev/shm"
+    where = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=where))
 
 
 @dataclass
@@ -97,15 +198,14 @@ class Run:
 
     def __init__(self, hosts: list[Target], events_path: Path, on_change: Callable[["Run", str], None] | None = None,
                  secrets: set[str] | frozenset = frozenset()):
+        from specdeploy.values.outputs import create_exclusive
         self.rows = {t.host: HostRow(t.host) for t in hosts}
         self.targets = {t.host: t for t in hosts}
         self.events_path = events_path
-        # the log may hold what the hosts answered: created 0600 in a 0700 directory, never widened
-        private_dir(events_path.parent)
-        fd = os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        if os.fstat(fd).st_mode & 0o077:  # an existing file (--events): narrowed before the first line
-            os.fchmod(fd, 0o600)
-        self._log = os.fdopen(fd, "a")
+        # the log may hold what the hosts answered: a new file, 0600, its new directories 0700 (values.outputs);
+        # an existing file is refused, never appended to or narrowed
+        fd = create_exclusive(events_path, "--events", "a new file path for the event log")
+        self._log = os.fdopen(fd, "w")
         self.secrets = sorted(secrets, key=len, reverse=True)
         self.lock = threading.Lock()
         self.on_change = on_change
@@ -119,6 +219,16 @@ class Run:
         for s in self.secrets:
             text = text.replace(s, REDACTED)
         return text
+
+    def scrub_all(self, obj):
+        """``obj`` (a JSON-like value) with every secret value of the run replaced in its strings."""
+        if isinstance(obj, str):
+            return self.scrub(obj)
+        if isinstance(obj, dict):
+            return {self.scrub(str(k)): self.scrub_all(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self.scrub_all(v) for v in obj]
+        return obj
 
     def log(self, **rec):
         rec.setdefault("t", time.time())
@@ -144,6 +254,7 @@ class Run:
             return True
         row = self.rows[host]
         task = d.get("task") or ""
+        task = self.scrub(str(task))
         if kind == "runner_on_start":
             ph = phases.index(ANSIBLE_DIR).phase(d.get("task_path"))
             with self.lock:
@@ -160,7 +271,7 @@ class Run:
             res = d.get("res") or {}
             facts = res.get("ansible_facts") or {}
             if isinstance(facts.get("inference_engine_triage"), dict):
-                row.triage = facts["inference_engine_triage"]
+                row.triage = self.scrub_all(facts["inference_engine_triage"])
             if res.get("changed"):
                 row.changed += 1
             if kind != "runner_on_ok" and not d.get("ignore_errors"):
@@ -262,24 +373,37 @@ class Run:
 
 
 def run_playbook(run: Run, playbook: str, inventory: str, limit: str | None, extra: dict,
-                 runner_dir: Path, vault=None, extra_files: list[str] | None = None) -> int:
+                 vault=None, extra_files: list[str] | None = None) -> int:
     """ansible-playbook through ansible-runner; ``vault`` (inventory_ansible.Vault): the vault secrets given to
     specdeploy, passed on with those of ansible.cfg and the environment; ``extra_files``: vaulted ``-e @FILE``s,
-    handed on as files (ansible-playbook decrypts them; the runner would write ``extra`` to disk in clear)."""
+    handed on as files (ansible-playbook decrypts them). ``extra`` goes as ``-e @FILE`` from a private temporary
+    file, and every file the runner writes stays in that temporary directory, removed when the run ends."""
+    import json as _json
+    import shutil
+
     import ansible_runner
     vault_args = vault.playbook_args() if vault is not None else []
-    for f in extra_files or []:
-        vault_args += ["-e", f"@{f}"]
-    private_dir(runner_dir)
-    poller = threading.Thread(target=run.poll_load, daemon=True)
-    poller.start()
-    thread, runner = ansible_runner.run_async(
-        private_data_dir=str(runner_dir), playbook=str(REPO / "ansible" / playbook),
-        inventory=str(Path(inventory).resolve()), limit=limit, extravars=extra or None, quiet=True,
-        event_handler=run.event, envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
-        project_dir=str(REPO), settings={"suppress_ansible_output": True},
-        **({"cmdline": shlex.join(vault_args)} if vault_args else {}))
-    thread.join()
+    tmp = private_tmp()
+    try:
+        if extra:
+            fd = os.open(tmp / "extra-vars.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                _json.dump(extra, f)
+            vault_args += ["-e", f"@{tmp / 'extra-vars.json'}"]
+        for f in extra_files or []:
+            vault_args += ["-e", f"@{f}"]
+        private_dir(tmp / "runner")
+        poller = threading.Thread(target=run.poll_load, daemon=True)
+        poller.start()
+        thread, runner = ansible_runner.run_async(
+            private_data_dir=str(tmp / "runner"), artifact_dir=str(tmp / "artifacts"),
+            playbook=str(REPO / "ansible" / playbook), inventory=str(Path(inventory).resolve()), limit=limit,
+            quiet=True, event_handler=run.event, envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
+            project_dir=str(REPO), suppress_output_file=True, settings={"suppress_ansible_output": True},
+            **({"cmdline": shlex.join(vault_args)} if vault_args else {}))
+        thread.join()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     rc = runner.rc if runner.rc is not None else 2
     run.finish(rc)
     return rc

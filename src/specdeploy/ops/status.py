@@ -17,9 +17,10 @@ def scrape_exporter(t: Target, timeout: float = 2.0) -> dict[str, Any]:
 
     from specdeploy.values.peerhttp import PeerError, text
     row: dict[str, Any] = {"host": t.host, "address": t.address, "reachable": False}
-    where = f"exporter {t.address}:{t.exporter_port}"
+    from specdeploy.values.peerhttp import host_port
+    where = f"exporter {host_port(t.address, t.exporter_port)}"
     try:
-        page = text(f"http://{t.address}:{t.exporter_port}/metrics", timeout)
+        page = text(f"http://{host_port(t.address, t.exporter_port)}/metrics", timeout)
     except PeerError as exc:
         row["reachable"] = exc.reason.startswith(("HTTP ", "an HTML", "binary", "not UTF-8", "answer"))
         row["error"] = f"{where}: {exc.reason}"
@@ -101,7 +102,7 @@ def fleet_status(hosts: list[Target], prometheus: list[str], timeout: float = 2.
             else:
                 why = f"{f.exception()}"[:80] if f.done() else f"no answer within {timeout:g} s"
                 rows.append({"host": t.host, "address": t.address, "reachable": False,
-                             "error": f"exporter {t.address}:{t.exporter_port}: {why}"})
+                             "error": f"exporter {t.address} port {t.exporter_port}: {why}"})
         prom_used, prom_errors = None, []
         figures: dict[str, dict[str, float]] = {}
         for base, fs in prom_f.items():
@@ -156,4 +157,5 @@ def fleet_status(hosts: list[Target], prometheus: list[str], timeout: float = 2.
 
 
 def prometheus_urls(monitoring: list[str], explicit: str | None) -> list[str]:
-    return [explicit] if explicit else [f"http://{m}:9090" for m in monitoring]
+    from specdeploy.values.peerhttp import host_port
+    return [explicit] if explicit else [f"http://{host_port(m, 9090)}" for m in monitoring]

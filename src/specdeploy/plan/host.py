@@ -201,14 +201,37 @@ def plan(inventory: str, limit: str | None = None, extra: dict | None = None, va
     return inv, plans, prom
 
 
+PLAN_CMD = "plan"
+
+
+def out_files(plans, prom: str) -> list[tuple[Path, str]]:
+    """(path relative to --out, content) of every file ``plan --out`` writes: each host's files under its name,
+    the scrape config under prometheus/. A path that would leave --out (a host named with '..' or '/', which the
+    inventory readers refuse) is refused here too."""
+    files = [(Path(host) / path.lstrip("/"), content) for host, _, p in plans for path, content in p.files.items()]
+    files.append((Path("prometheus") / "prometheus.yml", prom))
+    for rel, _ in files:
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts or rel.parts[0] in ("", "."):
+            from specdeploy.values.terminal import safe
+            raise SpecdeployError([Finding("error", "--out", f"{safe(rel)} would be written outside --out",
+                                           "give every inventory host a plain name (letters, digits, '.', '-', "
+                                           "'_')")])
+    return files
+
+
 def write_out(out: Path, plans, prom: str) -> list[Path]:
-    files = [(out / host / path.lstrip("/"), content) for host, _, p in plans for path, content in p.files.items()]
-    files.append((out / "prometheus" / "prometheus.yml", prom))
-    for dest, content in files:
-        try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_text(content)
-        except OSError as exc:
-            raise SpecdeployError([Finding("error", "--out", f"cannot write {dest}: {exc.strerror or exc}",
-                                           "give a writable directory")]) from None
-    return [dest for dest, _ in files]
+    """Write the plan under ``out`` by the output rule (plan.outdir): a new directory beside it, renamed in; an
+    earlier plan output is replaced, anything else refused; Ctrl-C or a failure leaves ``out`` as it was."""
+    from specdeploy.plan.outdir import atomic_output_dir
+    files = out_files(plans, prom)
+    with atomic_output_dir(out, PLAN_CMD) as tmp:
+        for rel, content in files:
+            dest = tmp / rel
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with open(dest, "x") as f:
+                    f.write(content)
+            except OSError as exc:
+                raise SpecdeployError([Finding("error", "--out", f"cannot write {out / rel}: {exc.strerror or exc}",
+                                               "give a writable directory")]) from None
+    return [out / rel for rel, _ in files]

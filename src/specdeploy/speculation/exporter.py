@@ -123,7 +123,9 @@ def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
                     elif smp.name == counters.get("accepted_tokens"):
                         s.accepted += smp.value
                     elif smp.name == counters.get("accepted_tokens_per_pos"):
-                        pos = smp.labels.get("position", "?")
+                        pos = smp.labels.get("position", "")
+                        if not (pos.isascii() and pos.isdigit() and len(pos) <= 4):
+                            continue  # a position is a small number: anything else is not the engine's counter
                         s.per_pos[pos] = s.per_pos.get(pos, 0.0) + smp.value
                     else:
                         continue
@@ -384,9 +386,10 @@ def read_gate(path: Path) -> tuple[dict | None, str]:
     text, problem = _read_small(path, MAX_GATE_FILE)
     if text is None:
         return None, problem
+    from specdeploy.values.bounded import loads
     try:
-        rep = json.loads(text)
-    except ValueError as exc:
+        rep = loads(text)
+    except ValueError as exc:  # not JSON, or nested beyond bounded.MAX_DEPTH
         return None, f"not JSON ({exc})"[:120]
     problem = gate_problem(rep)
     return (None, problem) if problem else (rep, "")

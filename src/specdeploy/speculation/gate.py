@@ -176,6 +176,7 @@ def load_prompts(path: Path | None = None) -> list[list[dict]]:
     """JSON lines, each a list of chat messages or an object with ``messages``; a bad file is a finding that
     names --prompts and the line."""
     from specdeploy.hostvars.argcheck import read_text
+    from specdeploy.values.bounded import loads
     from specdeploy.values.errors import Finding, SpecdeployError
     p = path or PROMPTS
     what = "JSON lines of chat messages ([{\"role\": \"user\", \"content\": ...}] or {\"messages\": [...]})"
@@ -184,8 +185,8 @@ def load_prompts(path: Path | None = None) -> list[list[dict]]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except ValueError:
+            obj = loads(line)
+        except ValueError:  # not JSON, or nested beyond bounded.MAX_DEPTH
             obj = None
         msgs = obj.get("messages") if isinstance(obj, dict) else obj
         if not (isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("content"), str)
@@ -407,7 +408,8 @@ def command_line(s: dict, out: str, baseline: str | None = None) -> list[str]:
     """``specdeploy gate`` arguments for one of the gate role's two measurements: the baseline (``baseline``
     None) or the speculative run against it. ``s`` holds the host's address and port, the engine, and the
     role's settings (concurrency, requests, max_tokens, k, margin, api_key_file)."""
-    argv = ["gate", "--url", f"http://{s['address']}:{int(s['port'])}", "--engine", str(s["engine"]),
+    from specdeploy.values.peerhttp import host_port
+    argv = ["gate", "--url", f"http://{host_port(s['address'], int(s['port']))}", "--engine", str(s["engine"]),
             "--concurrency", str(s["concurrency"]), "--max-tokens", str(int(s["max_tokens"])), "--out", str(out)]
     if int(s.get("requests") or 0) > 0:
         argv += ["--requests", str(int(s["requests"]))]

@@ -128,8 +128,10 @@ def render(base: str, out: Path, range_s: float = 3600, nccl: dict | None = None
         ax.set_xlabel("UTC")
     fig.suptitle(f"specdeploy report - {base} - last {int(range_s // 60)} min", fontsize=11)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    from specdeploy.values.outputs import save_png
+    try:
+        save_png(fig, out, "--out", "report", dpi=90)
+    finally:
+        plt.close(fig)
     summary = {k: {n: pts[-1][1] for n, pts in v.items()} for k, v in data.items()}
     return {"png": str(out), "prometheus": base, "range_s": range_s, "last": summary}

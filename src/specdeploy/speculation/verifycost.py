@@ -12,7 +12,6 @@ Pure Python: no torch or numpy at import.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import asdict, dataclass, field, replace
@@ -133,6 +132,11 @@ def _num(cfg: dict, key: str, where: str, default=None, required: bool = True, m
         raise _err(f"{where}: {key}", f"{v!r} is not an integer", f"give {key} as an integer >= {minimum}")
     if v < minimum:
         raise _err(f"{where}: {key}", f"{v!r} is below {minimum}", f"give {key} as an integer >= {minimum}")
+    from specdeploy.checkpoint.modelcfg import BOUNDS
+    top = BOUNDS.get(key, 1 << 30)  # beyond any real model: refused before the roofline loops over layers
+    if v > top:
+        raise _err(f"{where}: {key}", f"{v!r} is beyond any real model (at most {top:,})",
+                   "give the model's real config.json")
     return int(v)
 
 
@@ -262,9 +266,10 @@ def load_target(model_dir: str | Path) -> TargetShape:
     cfg_path = p / "config.json" if p.is_dir() else p
     if not cfg_path.is_file():
         raise _err("--target", f"{cfg_path} does not exist", "give the model directory holding config.json")
+    from specdeploy.values.bounded import loads, read_regular
     try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as exc:
+        cfg = loads(read_regular(cfg_path))
+    except (OSError, ValueError) as exc:  # bounded.Refused is a ValueError: too large, too deep, not a file
         raise _err(str(cfg_path), f"cannot be read as JSON ({exc})", "give the model's config.json") from None
     return shape_from_config(cfg, str(cfg_path))
 
@@ -469,10 +474,14 @@ def load_trace(path: str | Path, experts: int | None = None) -> Trace:
     subj = f"--routing-trace {p}"
     if not p.is_file():
         raise _err(subj, "does not exist", "give a routing trace file (docs/speculation.md has the format)")
-    text = p.read_text()
+    from specdeploy.values.bounded import loads, read_regular
+    try:
+        text = read_regular(p, 256 << 20).decode("utf-8")
+    except (OSError, ValueError) as exc:
+        raise _err(subj, f"cannot be read ({exc})", "give a routing trace file (UTF-8 JSON lines)") from None
     records: list[tuple[str, object]] = []
     try:
-        whole = json.loads(text)
+        whole = loads(text)
         if isinstance(whole, dict) and "tokens" not in whole:
             whole = [whole]  # JSON lines of one line
         items = whole.get("tokens") if isinstance(whole, dict) else whole
@@ -484,9 +493,10 @@ def load_trace(path: str | Path, experts: int | None = None) -> Trace:
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
-                    records.append((f"line {n}", json.loads(line)))
+                    records.append((f"line {n}", loads(line)))
                 except ValueError as exc:
-                    raise _err(f"{subj}: line {n}", f"is not JSON ({exc.msg})", "one JSON object a line") from None
+                    raise _err(f"{subj}: line {n}", f"is not JSON ({getattr(exc, 'msg', exc)})",
+                               "one JSON object a line") from None
     seqs: dict = {}
     layers = None
     for where, t in records:

@@ -132,6 +132,30 @@ def resolve(members: list[Member]) -> dict[str, Rank]:
     return out
 
 
+def check_members(members: list[Member], names: list[str] | set[str]) -> tuple[dict[str, Rank], list[Finding]]:
+    """(host -> rank, the group-level findings) over the serving groups of the hosts ``names`` (their group-mates
+    among ``members`` included), and, where a router fronts the inventory, what it could not front: the checks
+    plan and deploy make, as findings, for preflight to report per host. ``members``: every engine host of the
+    inventory that validates."""
+    wanted = {group_name(m) for m in members if m.name in names}
+    selected = [m for m in members if group_name(m) in wanted]
+    findings: list[Finding] = []
+    ok: list[Member] = []
+    for gname, ms in groups(selected).items():
+        found = group_problems(gname, ms)
+        findings += found
+        if not found:
+            ok += ms
+    ranks = resolve(ok)
+    if any(m.hv.specdeploy_router != "none" for m in members):
+        whole = [m for name, ms in groups(members).items() if not group_problems(name, ms) for m in ms]
+        try:
+            router_workers(whole, resolve(whole))
+        except SpecdeployError as exc:
+            findings += [f for f in exc.problems if f.host in names or not f.host]
+    return ranks, findings
+
+
 def pd_instances(members: list[Member], ranks: dict[str, Rank]) -> dict[str, dict[str, list[Member]]]:
     """pd group -> {"prefill": [...], "decode": [...]} (the router's two lists)."""
     out: dict[str, dict[str, list[Member]]] = {}

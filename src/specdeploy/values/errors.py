@@ -22,9 +22,12 @@ class Finding:
         return d
 
     def line(self) -> str:
-        where = f"{self.host}: " if self.host else ""
-        fix = f" Fix: {self.fix}" if self.fix else ""
-        return f"{self.severity.upper()} {where}{self.subject}: {self.message}{fix}"
+        """The finding as one line of text for a terminal: what came from outside (a host or file name, a value,
+        an exception's text) shown with its control characters escaped (values.terminal)."""
+        from specdeploy.values.terminal import safe
+        where = f"{safe(self.host)}: " if self.host else ""
+        fix = f" Fix: {safe(self.fix, newlines=True)}" if self.fix else ""
+        return f"{self.severity.upper()} {where}{safe(self.subject)}: {safe(self.message, newlines=True)}{fix}"
 
 
 @dataclass

@@ -11,7 +11,6 @@ HTTP proxy from the environment.
 from __future__ import annotations
 
 import http.client
-import json
 import socket
 import threading
 import time
@@ -33,13 +32,6 @@ class PeerError(OSError):
 class Answer:
     def __init__(self, status: int, headers: http.client.HTTPMessage, body: bytes):
         self.status, self.headers, self.body = status, headers, body
-
-
-def url_host(address: str) -> str:
-    """An address as the host part of a URL or of host:port: an IPv6 address in brackets (the one place this rule
-    is written)."""
-    address = str(address)
-    return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
 def fetch(url: str, deadline_s: float, max_bytes: int = MAX_BYTES, headers: dict | None = None,
@@ -162,8 +154,11 @@ def json_object(url: str, deadline_s: float, max_bytes: int = MAX_BYTES, headers
     why = _checked(url, ans)
     if why:
         raise PeerError(url, why)
+    from specdeploy.values.bounded import Refused, loads
     try:
-        data = json.loads(ans.body.decode("utf-8"))
+        data = loads(ans.body.decode("utf-8"))
+    except Refused as exc:
+        raise PeerError(url, f"JSON that {exc}") from None
     except (UnicodeDecodeError, ValueError):
         raise PeerError(url, "not JSON") from None
     if not isinstance(data, dict):
@@ -178,3 +173,19 @@ def ok(url: str, deadline_s: float, max_bytes: int = 1 << 20) -> tuple[bool, str
     except PeerError:
         return False, ""
     return ans.status == 200, ans.body.decode("utf-8", "replace")
+
+
+def url_host(address: str) -> str:
+    """``address`` as the host part of a URL, of host:port or of a Prometheus target: an IPv6 address in brackets
+    (the one place this rule is written)."""
+    import ipaddress
+    a = str(address)
+    try:
+        return f"[{a}]" if isinstance(ipaddress.ip_address(a), ipaddress.IPv6Address) else a
+    except ValueError:
+        return a
+
+
+def host_port(address: str, port: int | str) -> str:
+    """ADDRESS:PORT as a URL and Prometheus's static_configs take it (``[v6]:port`` for IPv6)."""
+    return f"{url_host(address)}:{port}"

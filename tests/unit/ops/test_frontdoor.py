@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -410,7 +411,7 @@ def test_deploy_events_are_private_redacted_and_the_vault_reaches_ansible(exampl
     calls = []
 
     def fake_run_async(**kw):
-        calls.append(kw)
+        calls.append(dict(kw, extra_file=_extra_file(kw)))
         for host in ("gpu-a", "gpu-b"):
             kw["event_handler"](_ev("runner_on_start", host, "Install the API key", "inference_engine"))
             kw["event_handler"](_ev("runner_on_failed", host, "Install the API key", "inference_engine",
@@ -430,7 +431,7 @@ def test_deploy_events_are_private_redacted_and_the_vault_reaches_ansible(exampl
                                      "-e", "specdeploy_spec_num_tokens=3"])
     finally:
         os.umask(old)
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == 1 and r.exception is None or isinstance(r.exception, SystemExit), (r.output, r.exception)
     (run_dir,) = (tmp_path / ".cache" / "runs").iterdir()
     events = run_dir / "events.jsonl"
     assert stat_mode(run_dir) == 0o700 and stat_mode(events) == 0o600
@@ -442,8 +443,23 @@ def test_deploy_events_are_private_redacted_and_the_vault_reaches_ansible(exampl
                                 "specdeploy_spec_num_tokens": 3}
     assert "bad key <redacted> in" in text
     (kw,) = calls
-    assert kw["cmdline"] == f"--vault-password-file {tmp_path / 'pw'}"
-    assert kw["extravars"]["db_password"] == "hunter2-secret"  # ansible-playbook still gets the values
+    assert kw["cmdline"].startswith(f"--vault-password-file {tmp_path / 'pw'} -e @")
+    assert kw.get("extravars") is None  # the runner would write them to env/extravars
+    path, values = kw["extra_file"]
+    assert values["db_password"] == "hunter2-secret"  # ansible-playbook still gets the values, from a file...
+    assert not os.path.exists(path) and not os.path.exists(kw["private_data_dir"])  # ...removed after the run
+    assert not Path(kw["private_data_dir"]).is_relative_to(tmp_path)
+
+
+def _extra_file(kw) -> tuple[str, dict] | None:
+    """(path, values) of the -e @FILE the runner's command line names, read while the run lasts."""
+    import shlex
+    args = shlex.split(kw.get("cmdline") or "")
+    files = [a[1:] for a in args if a.startswith("@") and a.endswith("extra-vars.json")]
+    if not files:
+        return None
+    assert stat_mode(files[0]) == 0o600 and stat_mode(os.path.dirname(files[0])) == 0o700
+    return files[0], json.loads(Path(files[0]).read_text())
 
 
 def stat_mode(p) -> int:
@@ -466,7 +482,7 @@ def test_a_vaulted_extra_vars_file_reaches_ansible_as_its_file_and_a_prompt_is_r
     calls = []
 
     def fake_run_async(**kw):
-        calls.append(kw)
+        calls.append(dict(kw, extra_file=_extra_file(kw)))
         kw["event_handler"]({"event": "playbook_on_stats", "event_data": {}})
         t = threading.Thread(target=lambda: None)
         t.start()
@@ -481,8 +497,8 @@ def test_a_vaulted_extra_vars_file_reaches_ansible_as_its_file_and_a_prompt_is_r
     r = CliRunner().invoke(app, ["deploy", "-i", str(example_inv), "--skip-preflight", "--vault-password-file", "pw",
                                  "-e", f"@{secret_vars}", "-e", "specdeploy_spec_num_tokens=3"])
     (kw,) = calls
-    assert "served-from-the-vault" not in json.dumps(kw.get("extravars") or {}), kw
-    assert kw["extravars"] == {"specdeploy_spec_num_tokens": 3}
+    assert kw.get("extravars") is None
+    assert kw["extra_file"][1] == {"specdeploy_spec_num_tokens": 3}
     assert f"-e @{secret_vars}" in kw["cmdline"]
     runner_files = "".join(p.read_text(errors="replace") for p in (tmp_path / ".cache").rglob("*") if p.is_file())
     assert "served-from-the-vault" not in runner_files + r.output

@@ -71,17 +71,39 @@ def test_convert_rerun_replaces_its_own_output_and_keeps_siblings(drafter, targe
     out = tmp_path / "conv"
     (tmp_path / "sibling").write_text("s")
     assert convert_cli(drafter, target, out).returncode == 0
-    assert json.loads((out / MARKER).read_text())["command"] == "drafter convert"
-    (out / "stale-file").write_text("from an older run")  # what the new output does not hold goes with the old
-    r = convert_cli(drafter, target, out)
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["command"] == "drafter convert" and "config.json" in marker["files"]
+    r = convert_cli(drafter, target, out)  # its own output, as it wrote it: replaced
     assert r.returncode == 0, r.stderr
-    assert not (out / "stale-file").exists() and (out / "config.json").is_file()
+    assert (out / "config.json").is_file()
     assert (tmp_path / "sibling").read_text() == "s"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conv", "sibling", "work"]
-    # a conversion of a conversion does not write through the hard-linked marker of its input
-    out2 = tmp_path / "conv2"
-    assert convert_cli(out, target, out2).returncode == 0
-    assert json.loads((out / MARKER).read_text())["command"] == "drafter convert"
+
+
+def test_convert_rerun_refuses_an_output_to_which_files_were_added_byte_identical(drafter, target, tmp_path):
+    """specdeploy deletes nothing it did not write: a file added to its earlier output stops the rerun, named."""
+    out = tmp_path / "conv"
+    assert convert_cli(drafter, target, out).returncode == 0
+    (out / "notes.txt").write_text("mine")
+    (out / "extra").mkdir()
+    (out / "extra" / "w.bin").write_bytes(b"\x01" * 5)
+    before = snapshot(out)
+    r = convert_cli(drafter, target, out)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "notes.txt" in r.stderr and "extra/" in r.stderr and "does not delete" in r.stderr, r.stderr
+    assert snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conv", "work"]
+
+
+def test_an_output_marked_before_manifests_is_still_replaced(drafter, target, tmp_path):
+    """An output whose marker names the command but lists no files (written before manifests) is the command's
+    own: replaced as before."""
+    out = tmp_path / "conv"
+    assert convert_cli(drafter, target, out).returncode == 0
+    (out / MARKER).write_text(json.dumps({"command": "drafter convert"}))
+    (out / "stale-file").write_text("from an older run")
+    assert convert_cli(drafter, target, out).returncode == 0
+    assert not (out / "stale-file").exists()
 
 
 def test_convert_replaces_an_unmarked_conversion_from_before(drafter, target, tmp_path):
