@@ -40,6 +40,20 @@ def load_json(path: Path, subject: str) -> dict:
     return data
 
 
+def local_config_dir(candidates, base: Path | None) -> Path | None:
+    """The first of ``candidates`` (paths, relative ones under ``base``, the inventory's directory) that holds a
+    config.json on this machine: the controller-side copy of a checkpoint's configuration preflight and the plan
+    read."""
+    for cand in candidates:
+        if not cand:
+            continue
+        p = Path(cand)
+        p = base / p if not p.is_absolute() and base is not None else p
+        if (p / "config.json").is_file():
+            return p
+    return None
+
+
 # the largest value of a config's sizes any real model has, with room to spare: a config beyond it is refused
 # before anything loops over its layers or sizes its tensors
 BOUNDS = {"hidden_size": 1 << 20, "num_hidden_layers": 10_000, "vocab_size": 1 << 24, "num_attention_heads": 1 << 14}

@@ -53,9 +53,24 @@ def journal_tail(unit: str, n: int = 12) -> list[str]:
 
 
 def http_ok(url: str, timeout: float = 5) -> bool:
-    """The health endpoint answered 200 within ``timeout`` seconds in all (peerhttp: a total deadline)."""
-    from specdeploy.values.peerhttp import ok
-    return ok(url, timeout)[0]
+    """The health endpoint answered 200 within ``timeout`` seconds in all (peerhttp: a total deadline); a
+    weight-cache daemon's ``files:GLOB:N`` check is read as its adapter wrote it (engines/weightcache.py)."""
+    from specdeploy.engines.weightcache import health
+    return health(url, timeout)[0]
+
+
+def wait_url(url: str, until: float, poll_s: float = 1, clock=time.time, sleep=time.sleep,
+             probe=http_ok) -> Outcome:
+    """Poll a health check alone (a weight-cache daemon's, from its unit's ExecStartPost) until it passes or the
+    deadline ``until``."""
+    t0 = clock()
+    while True:
+        if probe(url):
+            return Outcome(READY, url, clock() - t0, f"{url} ready")
+        now = clock()
+        if now >= until:
+            return Outcome(TIMEOUT, url, now - t0, f"not ready at the deadline ({url})")
+        sleep(max(0.0, min(poll_s, until - now)))
 
 
 def crash_reason(state: dict[str, str], baseline: dict[str, str]) -> str | None:

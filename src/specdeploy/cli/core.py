@@ -68,12 +68,27 @@ def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
                      ("drafter (converted)", p.drafter_path or "-"), ("NCCL", p.nccl_source),
                      ("NCCL env", " ".join(f"{k}={v}" for k, v in p.env.items() if k.startswith("NCCL_")) or "-"),
                      ("ports", ", ".join(f"{k} {v}" for k, v in p.ports.items())),
-                     ("units", ", ".join(u for u in (p.engine_unit, p.exporter_unit) if u))]:
+                     ("units", ", ".join(u for u in (p.engine_unit, p.exporter_unit) if u)),
+                     ("weight cache", _weight_cache_text(p)), ("compile cache", p.compile_cache or "-")]:
             t.add_row(k, Text(safe(v)))
         out.print(t)
         out.print("command: " + safe(" ".join(p.argv)), soft_wrap=True, markup=False, highlight=False)
+        if p.weight_cache:
+            out.print("weight-cache daemon: " + safe(" ".join(p.weight_cache["argv"])), soft_wrap=True, markup=False,
+                      highlight=False)
     if out_dir is not None:
         out.print(f"wrote files under {safe(out_dir)}", markup=False, highlight=False)
+
+
+def _weight_cache_text(p) -> str:
+    """The plan's weight cache in a line: the daemon the engine attaches to, or why the engine loads from disk."""
+    wc = p.weight_cache
+    if not wc:
+        return f"none: {p.weight_cache_why}"
+    return (f"{wc['unit']} holds the weights ({wc['local_ranks']} local ranks), started before the engine and ready "
+            f"on {wc['health']}; an engine restart attaches, a change of weights, quantization, layout or release "
+            f"restarts the daemon (a full load). Drafter: {wc['drafter']}. Without its daemon the engine "
+            f"{wc['without_daemon']}")
 
 
 def _rank_text(rank: dict | None) -> str:

@@ -33,8 +33,11 @@ def simulate_cmd(ctx: typer.Context, engine: str = typer.Option(..., "--engine")
 @app.command("ready")
 def ready_cmd(unit: Optional[str] = typer.Option(None, "--unit", help="the engine's systemd unit (leave out to "
                                                  "only generate, e.g. through a router)"),
-              url: Optional[str] = typer.Option(None, "--url", help="the engine's readiness URL (with --unit)"),
-              until: float = typer.Option(..., "--until", help="wall-clock deadline, epoch seconds"),
+              url: Optional[str] = typer.Option(None, "--url", help="the engine's readiness URL (with --unit); a "
+                                                "weight-cache daemon's health check (an URL or files:GLOB:N)"),
+              until: Optional[float] = typer.Option(None, "--until", help="wall-clock deadline, epoch seconds"),
+              within: Optional[float] = typer.Option(None, "--within", help="the deadline in seconds from now "
+                                                     "(instead of --until)"),
               slice_s: float = typer.Option(30, "--slice", help="return 'waiting' (exit 3) after this many seconds"),
               generate: Optional[str] = typer.Option(None, "--generate", help="once ready, a real chat completion "
                                                      "at this base URL (http://HOST:PORT) must answer with text"),
@@ -43,18 +46,26 @@ def ready_cmd(unit: Optional[str] = typer.Option(None, "--unit", help="the engin
                                               "that holds the API key for --generate (never on the command line)"),
               as_json: bool = Json):
     """On the host: wait for the engine to be ready (exit 1 at once on a crash loop, or at the deadline), then
-    with --generate check a real chat completion; without --unit, only the generation, retried until --until."""
+    with --generate check a real chat completion; without --unit, only the generation, retried until --until, or
+    only --url (a weight-cache daemon's health, as its unit's ExecStartPost waits for it)."""
     import os
+    import time as _t
 
-    from specdeploy.checks.readiness import EXIT, NO_TEXT, READY, generate as gen, generate_until, wait
-    if unit is None and generate is None:
-        error("--unit", "neither --unit nor --generate is given", "give --unit and --url, --generate, or both")
+    from specdeploy.checks.readiness import EXIT, NO_TEXT, READY, generate as gen, generate_until, wait, wait_url
+    if unit is None and generate is None and not url:
+        error("--unit", "neither --unit, --url nor --generate is given", "give --unit and --url, --generate, or both")
     if unit is not None and not url:
         error("--url", "is required with --unit", "give the engine's readiness URL")
+    if (until is None) == (within is None):
+        error("--until", "give exactly one of --until and --within", "give the deadline as epoch seconds (--until) "
+              "or seconds from now (--within)")
+    until = until if until is not None else _t.time() + float(within)
     if generate is not None and not model:
         error("--model", "is required with --generate", "give the served model name")
     key = os.environ.get(api_key_env) or None
-    if unit is None:
+    if unit is None and generate is None:
+        o = wait_url(url, until)
+    elif unit is None:
         o = generate_until(generate, model, until, key)
     else:
         o = wait(unit, url, until, slice_s)

@@ -12,9 +12,13 @@ def specdeploy_plan(variables, host, overrides=None, hostvars=None, hosts=None):
     """A host's plan: files (path -> content), argv, env, units, health paths, release id. ``overrides``
     (variables) are applied on top of the inventory, e.g. by the speculation gate. ``hostvars`` and ``hosts`` (the
     engine group) give a host of a multi-host serving group its rank."""
+    from pathlib import Path
+
     from specdeploy.plan import render_host
     v, hv = validated(variables, host, overrides)
-    return render_host(host, hv, v.get("ansible_host", host), rank_of(host, v, hv, hostvars, hosts)).to_dict()
+    base = variables.get("inventory_dir") if hasattr(variables, "get") else None  # Ansible's, for a relative copy
+    return failing(lambda: render_host(host, hv, v.get("ansible_host", host), rank_of(host, v, hv, hostvars, hosts),
+                                       Path(str(base)) if base else None).to_dict())
 
 
 def specdeploy_secret_files(variables, host, key=""):

@@ -4,7 +4,8 @@ An adapter turns validated host variables into the engine's command line and env
 engine's image, health/readiness endpoints, metric names, drafter conventions, preflight checks, per-hardware
 defaults and how the simulator plays it, and answers capability questions for a version from a table
 (``Span`` per feature), never from scattered version comparisons. This module imports nothing of specdeploy
-but ``errors``; adapters take host variables (``schema.HostVars``) as arguments without importing the schema.
+but ``errors`` and the weight-cache part of the interface (``engines/weightcache.py``); adapters take host
+variables (``schema.HostVars``) as arguments without importing the schema.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdeploy.values.errors import Finding
+from specdeploy.engines.weightcache import WeightCacheAdapter
 
 HostVars = Any  # schema.HostVars; the schema imports the registry, so adapters do not import the schema
 
@@ -90,6 +92,12 @@ class LoadLog:
     graphs: Any = None
     graphs_done: Any = None
     ready: Any = None
+    # an engine attached to a weight-cache daemon: its weights mapped (no load), or the release's own fall back to a
+    # disk load; the daemon's own log: ready, and the GPU memory one rank holds (group 1: GiB)
+    attached: Any = None
+    disk_fallback: Any = None
+    daemon_ready: Any = None
+    daemon_memory: Any = None
 
 
 @dataclass(frozen=True)
@@ -127,7 +135,7 @@ class Command:
         return {"argv": self.argv, "env": self.env}
 
 
-class EngineAdapter:
+class EngineAdapter(WeightCacheAdapter):
     """One engine. Class attributes hold the facts that do not depend on the release; an instance is bound to
     one pinned release (``version``) and answers per-version questions from the span tables."""
 
@@ -408,6 +416,7 @@ class EngineAdapter:
     def validate_extras(self, hv: HostVars, host: str | None) -> list[Finding]:
         out = self.spec_method_problems(hv, host) + self.spec_config_problems(hv, host)
         out += self.k_by_batch_problems(hv, host) + self.layout_problems(hv, host)
+        out += self.weight_cache_problems(hv, host)
         fmt = hv.specdeploy_load_format
         if fmt and not self.load_format_ok(fmt):
             valid = sorted(f for f in self.load_formats if self.load_format_ok(f))

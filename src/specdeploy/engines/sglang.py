@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdeploy.values.errors import Finding
+from specdeploy.values.hostpaths import host_path
 from specdeploy.values.peerhttp import url_host
 from specdeploy.engines import eagle3_targets as e3
 from specdeploy.engines import sglang_logs
@@ -39,7 +40,18 @@ from specdeploy.engines.sglang_tables import (  # noqa: F401 (re-exported: the a
     PINS,
     IMAGE_CUDA,
     API_KEY_CREDENTIAL,
+    WEIGHT_CACHE,
+    WEIGHT_CACHE_RENDERED,
+    WEIGHT_CACHE_ENGINE_FLAGS,
+    WEIGHT_CACHE_ENV,
+    WEIGHT_CACHE_QUANT,
+    WEIGHT_CACHE_QUANT_READ,
+    COMPILE_CACHE_ENV,
 )
+from specdeploy.engines.weightcache import Daemon
+
+# the flags among WEIGHT_CACHE_ENGINE_FLAGS that take no value
+_SWITCHES = frozenset({"--trust-remote-code", "--enable-dp-attention"})
 
 
 class SGLang(EngineAdapter):
@@ -69,6 +81,14 @@ class SGLang(EngineAdapter):
     layout_flags = frozenset(LAYOUT_FLAGS)
     load_formats = LOAD_FORMATS
     launch_hint = "python -m sglang.launch_server --help"
+    weight_cache_table = WEIGHT_CACHE
+    weight_cache_host_pid = True  # the client polls the daemon's PID (its weights dangle once it is gone)
+    weight_cache_rendered = WEIGHT_CACHE_RENDERED
+    weight_cache_rendered_why = ("0.5.17 and 0.5.18 start the daemon with a parser of their own, and their engines do "
+                                 "not add the daemon's weights to their memory baseline")
+    weight_cache_quant = WEIGHT_CACHE_QUANT
+    weight_cache_quant_read = WEIGHT_CACHE_QUANT_READ
+    compile_cache_table = COMPILE_CACHE_ENV
     health = Health(
         liveness="/health",
         readiness="/health_generate",
@@ -188,7 +208,7 @@ class SGLang(EngineAdapter):
                 "--host", hv.specdeploy_bind_address,
                 "--port", str(hv.specdeploy_port),
                 "--tp-size", str(tp),
-                "--mem-fraction-static", str(hv.specdeploy_gpu_memory_utilization),
+                "--mem-fraction-static", str(self.memory_fraction(hv, self._attached(hv))),
                 "--enable-metrics"]
         if self.flag_exists("--enable-metrics-for-all-schedulers"):
             argv.append("--enable-metrics-for-all-schedulers")
@@ -215,7 +235,60 @@ class SGLang(EngineAdapter):
             credential = API_KEY_CREDENTIAL
             argv += ["--config", "${CREDENTIALS_DIRECTORY}/" + credential]
         argv += list(hv.specdeploy_engine_extra_args)
-        return Command(argv=argv, env=layout_env, secret_env={}, credential=credential)
+        env = dict(layout_env)
+        if self._attached(hv):
+            argv, wc_env = self.weight_cache_engine(hv, argv, host_path("weight_cache_sockets", self.name))
+            env.update(wc_env)
+        return Command(argv=argv, env=env, secret_env={}, credential=credential)
+
+    # --- the weight-cache daemon (engines/weightcache.py; tables in sglang_tables.py) ---------------------------------
+    def weight_cache_refusal(self, hv) -> str:
+        if hv.specdeploy_spec_enabled and self._wc_has("refuses_speculation"):
+            return (f"SGLang {self.version} refuses --weight-cache-mode together with speculative decoding (its "
+                    "daemon exports no draft model): with speculation on, the engine loads from disk")
+        if hv.specdeploy_topology == "pd":
+            return f"SGLang {self.version}'s weight cache was not read for prefill/decode instances"
+        return ""
+
+    def weight_cache_quant_refusal(self, quant: str) -> str:
+        return (f"SGLang {self.version}'s weight cache serves only unquantized and block-wise FP8 checkpoints "
+                f"(IPC_QUANT_ALLOWLIST): a '{quant}' checkpoint makes the daemon and the client raise "
+                "UnsupportedQuantForIPCError; restarts load from disk")
+
+    def weight_cache_daemon(self, hv, rank, socket_dir: str) -> Daemon:
+        """``python -m sglang.srt.weight_cache.daemon`` with the engine's weight-shaping server flags
+        (WEIGHT_CACHE_ENGINE_FLAGS), its own rendezvous (``--dist-init-method``) and its sockets and ready files in
+        ``socket_dir`` (the templates, which the engine reads too)."""
+        engine = self.command(hv.model_copy(update={"specdeploy_weight_cache": "off"}), None, rank)
+        args = engine.argv[3:]
+        argv = ["python", "-m", "sglang.srt.weight_cache.daemon"]
+        i = 0
+        while i < len(args):
+            flag = args[i].split("=", 1)[0]
+            takes = flag not in _SWITCHES and "=" not in args[i] and i + 1 < len(args) \
+                and not args[i + 1].startswith("--")
+            if flag in WEIGHT_CACHE_ENGINE_FLAGS:
+                argv += args[i:i + 2] if takes else [args[i]]
+            i += 2 if takes else 1
+        host = url_host(rank.leader_address) if rank is not None and rank.multi_host else "127.0.0.1"
+        timeout = str(hv.specdeploy_ready_timeout_s)  # the launcher's wait for every rank's ready file
+        argv += ["--dist-init-method", f"tcp://{host}:{hv.specdeploy_weight_cache_port}", "--timeout", timeout,
+                 "--weight-cache-timeout", timeout]
+        n = rank.gpus if rank is not None and rank.layout in ("tp", "dp_ep") else hv.tp
+        return Daemon(
+            argv=argv, env={**engine.env, **self._wc_env(socket_dir)}, health=f"files:{socket_dir}/*.ready:{n}",
+            socket_dir=socket_dir, local_ranks=n, host_pid=True,
+            drafter=f"none: SGLang {self.version} serves the weight cache only without speculation",
+            without_daemon="loads from disk when the daemon's socket file is absent (the release's own fallback); "
+                           "fails on a refused connection or a config mismatch",
+            notes=["the engine polls the daemon's PID every 5 s and kills itself when the daemon is gone"])
+
+    @staticmethod
+    def _wc_env(socket_dir: str) -> dict[str, str]:
+        return {var: f"{socket_dir}/{{device_uuid}}{suffix}" for var, suffix in WEIGHT_CACHE_ENV.items()}
+
+    def weight_cache_engine(self, hv, argv, socket_dir):
+        return list(argv) + ["--weight-cache-mode", "client"], self._wc_env(socket_dir)
 
     def layout_args(self, hv, rank) -> tuple[list[str], dict[str, str]]:
         if rank is None or rank.layout == "single":

@@ -178,3 +178,48 @@ IMAGE_CUDA = {"0.5.5": "12.9.1"}
 
 # The file systemd hands the engine with LoadCredential= (the API key as --config YAML).
 API_KEY_CREDENTIAL = "sglang-api-key.yaml"
+
+# --- the weight-cache daemon (sglang/srt/weight_cache/) -----------------------------------------------------------
+# Read in the 0.5.16 (absent), 0.5.17 to 0.5.23 wheels. A release in none of a row's spans was not read for it.
+WEIGHT_CACHE = {
+    "daemon": Span("0.5.17"),
+    # `python -m sglang.srt.weight_cache.daemon` parses the server's own arguments (prepare_server_args) plus its
+    # worker flags from 0.5.19; 0.5.17 and 0.5.18 have a parser of their own (--model-path, --tp-size, ...)
+    "server_args_launcher": Span("0.5.19"),
+    # --weight-cache-mode (off, daemon, client) together with --speculative-algorithm is refused at startup
+    # (server_args.py in 0.5.17 and 0.5.18, arg_groups/model_path_hook.py from 0.5.19): the daemon exports no draft
+    "refuses_speculation": Span("0.5.17"),
+    # client mode loads from disk when the daemon's socket file is absent, and raises on every other failure
+    # (connection refused, CacheConfig mismatch, a transfer error) (ipc_loader.py IpcModelLoader)
+    "client_disk_fallback": Span("0.5.17"),
+    # the client polls the daemon's PID every 5 s and SIGKILLs itself when the daemon is gone (its weights dangle)
+    "engine_watches_daemon": Span("0.5.17"),
+    # the engine adds the daemon's weights back onto its memory baseline (model_runner.account_preloaded_weights),
+    # so --mem-fraction-static keeps its meaning (absent in 0.5.18)
+    "preloaded_weights_accounted": Span("0.5.19"),
+}
+WEIGHT_CACHE_RENDERED = Span("0.5.19")
+# Server flags of the engine's command line the daemon takes as they are: what its CacheConfig fingerprints (the
+# model path, TP/PP/DP/EP/attention-DP sizes and ranks, MoE all-to-all backend, quantization, dtype, revision) or what
+# builds the same model on the same GPUs.
+WEIGHT_CACHE_ENGINE_FLAGS = (
+    "--model-path", "--tp-size", "--ep-size", "--nnodes", "--node-rank", "--attn-dp-size", "--dp-size",
+    "--enable-dp-attention", "--trust-remote-code", "--dtype", "--quantization", "--revision", "--base-gpu-id",
+    "--gpu-id-step", "--moe-a2a-backend", "--load-format",
+)
+# The daemon's worker flags specdeploy renders (WeightCacheDaemonArgs) and the engine's (fields/model.py)
+WEIGHT_CACHE_FLAGS = {"--dist-init-method": Span("0.5.19"), "--timeout": Span("0.5.19"),
+                      "--weight-cache-mode": Span("0.5.17"), "--weight-cache-timeout": Span("0.5.17")}
+# Where the daemon puts its socket and ready file per physical GPU: environment templates (environ.py) that must hold
+# {device_uuid}; the engine derives the same paths from the same templates
+WEIGHT_CACHE_ENV = {"SGLANG_WEIGHT_CACHE_SOCKET_TEMPLATE": ".sock", "SGLANG_WEIGHT_CACHE_READY_TEMPLATE": ".ready"}
+# IPC_QUANT_ALLOWLIST (protocol.py): unquantized, and FP8 only block-wise (weight_block_size set); every other
+# method hard-errors in the daemon and the client
+WEIGHT_CACHE_QUANT = {"none": (True, ()), "fp8-block": (True, ()), "fp8": (False, ()),
+                      "compressed-tensors": (False, ()), "modelopt-nvfp4": (False, ()), "modelopt-fp8": (False, ()),
+                      "mxfp4": (False, ())}
+WEIGHT_CACHE_QUANT_READ = ("0.5.17", "0.5.23")
+# Compile caches: from 0.5.19 SGLANG_CACHE_DIR is the one root (environ.py third_party_cache_defaults: Triton,
+# Inductor, CUDA's JIT cache, TileLang and FlashInfer's workspace under it, set at import; DeepGEMM and CuTe AOT
+# below it too)
+COMPILE_CACHE_ENV = {"SGLANG_CACHE_DIR": ("sglang", Span("0.5.19"))}

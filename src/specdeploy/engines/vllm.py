@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from specdeploy.values.errors import Finding
+from specdeploy.values.hostpaths import host_path
 from specdeploy.engines import eagle3_targets as e3
 from specdeploy.engines import vllm_logs
 from specdeploy.engines.base import (
@@ -41,7 +42,20 @@ from specdeploy.engines.vllm_tables import (  # noqa: F401 (re-exported: the ada
     IMAGE_CUDA,
     CPU_BUILDS,
     CPU_MLA_DRAFTER_ENV,
+    WEIGHT_CACHE,
+    WEIGHT_CACHE_RENDERED,
+    WEIGHT_CACHE_ENGINE_FLAGS,
+    WEIGHT_CACHE_QUANT,
+    WEIGHT_CACHE_QUANT_READ,
+    COMPILE_CACHE_ENV,
 )
+from specdeploy.engines.weightcache import Daemon
+
+# the ipc_cache loader's wait for its daemon and the handle transfer (state_timeout_s): the deploy starts the engine
+# only once its daemon is ready, so this bounds how long an engine that finds none waits before it fails
+WEIGHT_CACHE_STATE_TIMEOUT_S = 120
+# the flags among WEIGHT_CACHE_ENGINE_FLAGS that take no value
+_SWITCHES = frozenset({"--enable-expert-parallel", "--trust-remote-code", "--language-model-only"})
 
 
 class VLLM(EngineAdapter):
@@ -72,6 +86,14 @@ class VLLM(EngineAdapter):
     layout_flags = frozenset(LAYOUT_FLAGS)
     load_formats = LOAD_FORMATS
     launch_hint = "vllm serve --help=all"
+    weight_cache_table = WEIGHT_CACHE
+    weight_cache_rendered = WEIGHT_CACHE_RENDERED
+    weight_cache_rendered_why = ("0.30.0 starts the daemon as a module without a health endpoint and serves TP and "
+                                 "EP only; the engines of 0.30.0 and 0.31.0 do not count the daemon's weights in "
+                                 "their memory budget")
+    weight_cache_quant = WEIGHT_CACHE_QUANT
+    weight_cache_quant_read = WEIGHT_CACHE_QUANT_READ
+    compile_cache_table = COMPILE_CACHE_ENV
     health = Health(
         liveness="/health",
         readiness="/health",
@@ -103,8 +125,13 @@ class VLLM(EngineAdapter):
             cfg["model"] = drafter_path  # mtp: none, the engine takes the target's own MTP layers
         if hv.specdeploy_spec_k_by_batch and self.takes_k_by_batch():
             cfg["num_speculative_tokens_per_batch_size"] = k_schedule(hv.specdeploy_spec_k_by_batch)
+        if self._attached(hv) and self._wc_has("draft_group") and cfg["method"] in ("eagle", "eagle3", "mtp"):
+            # the drafter loads from disk with the engine: without draft_load_config the release sends it to the
+            # daemon's draft group, which specdeploy does not start (a new drafter never restarts the daemon)
+            cfg["draft_load_config"] = {"load_format": hv.specdeploy_load_format or "auto"}
         cfg.update(hv.specdeploy_spec_config_extra)
         return cfg
+
 
     def spec_config_problems(self, hv, host):
         out = []
@@ -168,7 +195,7 @@ class VLLM(EngineAdapter):
                 "--host", hv.specdeploy_bind_address,
                 "--port", str(hv.specdeploy_port),
                 "--tensor-parallel-size", str(self.tp_of(hv, rank)),
-                "--gpu-memory-utilization", str(hv.specdeploy_gpu_memory_utilization)]
+                "--gpu-memory-utilization", str(self.memory_fraction(hv, self._attached(hv)))]
         layout_argv, layout_env = self.layout_args(hv, rank)
         argv += layout_argv
         if hv.specdeploy_expert_parallel and "--enable-expert-parallel" not in argv:
@@ -187,9 +214,70 @@ class VLLM(EngineAdapter):
         if hv.specdeploy_spec_enabled:
             argv += ["--speculative-config", dumps_compact(self.spec_config(hv, drafter_path))]
         argv += list(hv.specdeploy_engine_extra_args)
+        if self._attached(hv):
+            argv, _ = self.weight_cache_engine(hv, argv, host_path("weight_cache_sockets", self.name))
         env = {"VLLM_NO_USAGE_STATS": "1", **layout_env}
         secret = {"VLLM_API_KEY": "api_key"} if hv.specdeploy_api_key_file and self.has("api_key_env") else {}
         return Command(argv=argv, env=env, secret_env=secret)
+
+    # --- the weight-cache daemon (engines/weightcache.py; tables in vllm_tables.py) ---------------------------------
+    def weight_cache_refusal(self, hv) -> str:
+        if self._wc_has("engine_outlives_daemon") and "--enable-eplb" in hv.specdeploy_engine_extra_args:
+            return f"vLLM {self.version}'s ipc_cache loader refuses EPLB (--enable-eplb)"
+        return ""
+
+    def weight_cache_quant_refusal(self, quant: str) -> str:
+        classes = WEIGHT_CACHE_QUANT[quant][1]
+        return (f"vLLM {self.version}'s weight cache cannot hold a '{quant}' checkpoint: {' and '.join(classes)} "
+                "do not declare supports_pre_processed_weights, so the daemon exits with UnsupportedQuantForIPCError "
+                "before it loads (and an engine with --load-format ipc_cache raises it even with fallback on); "
+                "restarts load from disk")
+
+    def weight_cache_daemon(self, hv, rank, socket_dir: str) -> Daemon:
+        """``vllm preload --model M`` with the engine's weight-shaping flags (WEIGHT_CACHE_ENGINE_FLAGS), its sockets
+        in ``socket_dir``, its own rendezvous port and /health on 127.0.0.1."""
+        engine = self.command(hv.model_copy(update={"specdeploy_weight_cache": "off"}), None, rank)
+        argv = ["vllm", "preload", "--model", hv.specdeploy_model_path]
+        args = engine.argv[3:]
+        i = 0
+        while i < len(args):
+            flag = args[i].split("=", 1)[0]
+            takes = flag not in _SWITCHES and "=" not in args[i] and i + 1 < len(args) \
+                and not args[i + 1].startswith("--")
+            if flag in WEIGHT_CACHE_ENGINE_FLAGS:
+                argv += args[i:i + 2] if takes else [args[i]]
+            i += 2 if takes else 1
+        if hv.specdeploy_load_format:
+            argv += ["--load-format", hv.specdeploy_load_format]
+        hp = hv.specdeploy_weight_cache_health_port
+        argv += ["--weight-cache-socket-dir", socket_dir, "--weight-cache-master-port",
+                 str(hv.specdeploy_weight_cache_port), "--weight-cache-health-port", str(hp),
+                 "--weight-cache-health-host", "127.0.0.1"]
+        outlives = self._wc_has("engine_outlives_daemon")
+        return Daemon(
+            argv=argv, env=dict(engine.env), health=f"http://127.0.0.1:{hp}/health", socket_dir=socket_dir,
+            local_ranks=self._local_ranks(hv, rank),
+            drafter=(f"loads from disk with the engine (draft_load_config): vLLM {self.version} can keep EAGLE, "
+                     "EAGLE-3 and MTP drafts in a draft group of the daemon, which specdeploy does not start, so a "
+                     "new drafter restarts only the engine"),
+            engine_outlives=outlives,
+            without_daemon=(f"waits up to {WEIGHT_CACHE_STATE_TIMEOUT_S} s for the daemon's socket, then fails with "
+                            "WeightCacheUnavailableError; it never loads from disk (fallback: false)"))
+
+    def weight_cache_engine(self, hv, argv, socket_dir):
+        out = list(argv)
+        if "--load-format" in out:
+            out[out.index("--load-format") + 1] = "ipc_cache"
+        else:
+            out += ["--load-format", "ipc_cache"]
+        extra = {"socket_dir": socket_dir, "fallback": False, "state_timeout_s": WEIGHT_CACHE_STATE_TIMEOUT_S}
+        out += ["--model-loader-extra-config", dumps_compact(extra)]
+        return out, {}
+
+    @staticmethod
+    def _local_ranks(hv, rank) -> int:
+        """The GPUs this host's daemon serves (one daemon process each): the host's share of its group."""
+        return rank.gpus if rank is not None and rank.layout in ("tp", "dp_ep") else hv.tp
 
     def layout_args(self, hv, rank) -> tuple[list[str], dict[str, str]]:
         if rank is None or rank.layout == "single":

@@ -275,3 +275,77 @@ CPU_MLA_DRAFTER_ENV = {"0.32.0": {"VLLM_MLA_DISABLE": "1"}}
 # CUDA of the official image per release (``ARG CUDA_VERSION=`` in the sdist's docker/Dockerfile).
 IMAGE_CUDA = {"0.16.0": "12.9.1", "0.18.0": "12.9.1", "0.19.0": "12.9.1", "0.20.0": "13.0.2", "0.21.0": "13.0.2",
               "0.24.0": "13.0.2", "0.28.0": "13.0.3", "0.33.0": "13.0.3"}
+
+# --- the weight-cache daemon (vllm/model_executor/model_loader/weight_cache/, the `ipc_cache` load format) ------
+# Read in 0.16.0, 0.22.0, 0.27.0, 0.28.0, 0.29.0 (absent), 0.30.0, 0.31.0, 0.32.0 and 0.33.0. A release in none of a
+# row's spans was not read for it.
+WEIGHT_CACHE = {
+    # the daemon package and --load-format ipc_cache (model_loader's format table)
+    "daemon": Span("0.30.0"),
+    # how a release starts it: `python -m vllm.model_executor.model_loader.weight_cache.daemon` (0.30.0; TP and EP
+    # only, no /health), then `vllm preload` (entrypoints/cli/preload.py) with --weight-cache-health-port
+    "module_launcher": Span("0.30.0", "0.31.0"),
+    "preload": Span("0.31.0"),
+    # data-parallel placements (0.30.0 rejects DP and PP at launch)
+    "data_parallel": Span("0.31.0"),
+    # with {"fallback": false} the engine waits up to state_timeout_s for the daemon, then raises
+    # WeightCacheUnavailableError (0.30.0 raises at once)
+    "startup_wait": Span("0.31.0"),
+    # EAGLE, EAGLE-3 and MTP drafts go to the daemon's draft group (*_draft.sock) unless the speculative config
+    # carries draft_load_config (model_loader/utils.py get_draft_load_config)
+    "draft_group": Span("0.31.0"),
+    # the engine counts the daemon's weights inside --gpu-memory-utilization (IpcModelLoader.
+    # get_external_weight_memory, v1/worker/utils.py request_memory); 0.30.0 and 0.31.0 do not
+    "external_memory": Span("0.32.0"),
+    # the engine watches the daemon and keeps serving on the mapped weights when it exits (0.33.0's loader);
+    # EPLB is refused with ipc_cache there
+    "engine_outlives_daemon": Span("0.33.0"),
+}
+# specdeploy renders the daemon from the first release whose engine counts the daemon's weights in its memory
+# budget and waits for it at startup (and whose launcher has /health): `vllm preload` of 0.32.0.
+WEIGHT_CACHE_RENDERED = Span("0.32.0")
+# The flags of the engine's command line the daemon takes as they are: what WeightCacheKey fingerprints (the
+# checkpoint, its quantization and dtype, the TP/PP/DP ranks; from 0.33.0 also the KV-cache dtype and the MoE and
+# linear backends) or what builds the same model and ranks. Every other engine flag restarts only the engine.
+WEIGHT_CACHE_ENGINE_FLAGS = (
+    "--tensor-parallel-size", "--enable-expert-parallel", "--trust-remote-code", "--nnodes", "--node-rank",
+    "--master-addr", "--data-parallel-size", "--data-parallel-size-local", "--data-parallel-start-rank",
+    "--data-parallel-address", "--dtype", "--quantization", "--revision", "--hf-overrides", "--kv-cache-dtype",
+    "--language-model-only", "--moe-backend",
+)
+# The launcher's own flags specdeploy renders (preload.py add_argument)
+WEIGHT_CACHE_FLAGS = {f: Span("0.31.0") for f in (
+    "--weight-cache-socket-dir", "--weight-cache-master-port", "--weight-cache-health-port",
+    "--weight-cache-health-host")}
+# --model-loader-extra-config keys of the ipc_cache loader (IpcModelLoader.__init__ refuses any other)
+WEIGHT_CACHE_LOADER_KEYS = {k: Span("0.30.0") for k in (
+    "socket_path", "socket_dir", "mode", "fallback", "connect_timeout_s", "state_timeout_s")}
+# The checkpoint quantizations the daemon can serve: every layer's quant method must declare
+# supports_pre_processed_weights (protocol.check_ipc_quant_support; the daemon checks after building the model,
+# the engine raises UnsupportedQuantForIPCError even with fallback on). Key: quantization_config.quant_method (and
+# modelopt's quant_algo); value: the linear and MoE method classes that decide, read in 0.32.0 and 0.33.0.
+WEIGHT_CACHE_QUANT = {
+    "none": (True, ("UnquantizedLinearMethod", "UnquantizedFusedMoEMethod")),
+    "fp8": (True, ("Fp8LinearMethod", "Fp8MoEMethod")),
+    "fp8-block": (True, ("Fp8LinearMethod", "Fp8MoEMethod")),
+    "modelopt-nvfp4": (True, ("ModelOptLinearMethod", "ModelOptNvFp4FusedMoE")),
+    "mxfp4": (True, ("Mxfp4MoEMethod",)),
+    "modelopt-fp8": (False, ("ModelOptFp8MoEMethod",)),
+    "compressed-tensors": (False, ("CompressedTensorsLinearMethod", "CompressedTensorsMoEMethod")),
+}
+WEIGHT_CACHE_QUANT_READ = ("0.32.0", "0.33.0")
+# The quant method the engine names when it refuses a compressed-tensors checkpoint (Kimi-K2.5's INT4 experts).
+WEIGHT_CACHE_QUANT_EXAMPLE = {"compressed-tensors": "CompressedTensorsWNA16MoEMethod"}
+
+# Compile caches: the directories a restart reuses, moved to a persistent host path per release and model.
+# VLLM_CACHE_ROOT holds the torch.compile cache (compilation/backends.py: torch_compile_cache/<hash>), Inductor's and
+# Triton's caches when it compiles (compiler_interface.py) and, from 0.32.0, the FlashInfer autotune configs
+# (model_executor/warmup/flashinfer_autotune_cache.py); TRITON_CACHE_DIR is respected by 0.32.0's compiler interface
+# for Triton kernels; FlashInfer's JIT workspace defaults to ~/.cache/flashinfer (snapshot/runtime.py of 0.32.0) and
+# moves with FlashInfer's FLASHINFER_WORKSPACE_BASE; CUDA_CACHE_PATH is the driver's PTX JIT cache.
+COMPILE_CACHE_ENV = {
+    "VLLM_CACHE_ROOT": ("vllm", Span()),
+    "TRITON_CACHE_DIR": ("triton", Span()),
+    "FLASHINFER_WORKSPACE_BASE": ("flashinfer", Span()),
+    "CUDA_CACHE_PATH": ("nv", Span()),
+}

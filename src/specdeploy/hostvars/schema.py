@@ -248,6 +248,26 @@ class HostVars(BaseModel):
         "`safetensors`, `fastsafetensors` (GPU-direct; the image needs the fastsafetensors package), "
         "`runai_streamer` (concurrent streaming), `instanttensor` (" + _since_text("instanttensor") + "). "
         "Default: the engine's `auto`.")
+    specdeploy_weight_cache: Literal["auto", "on", "off"] = Field(
+        "auto", description="Keep the weights in a weight-cache daemon, a unit of its own started before the engine, "
+        "so that an engine restart (the gate, regate, canary, a flag change, a crash) maps them in seconds instead "
+        "of loading them: `auto` where the pinned release has a daemon specdeploy renders and it holds this "
+        "checkpoint (its quantization, read from its config.json on the controller) in this configuration; `on` "
+        "insists (an error where it cannot); `off` never. `specdeploy preflight` says which applies and why.")
+    specdeploy_weight_cache_port: int = Field(
+        29600, ge=1, le=65535, description="The weight-cache daemon's own rendezvous port (distinct from the "
+        "engine's), the same on every rank of a serving group.")
+    specdeploy_weight_cache_health_port: int = Field(
+        9461, ge=1, le=65535, description="Port of the weight-cache daemon's health endpoint on 127.0.0.1 (where "
+        "its release has one).")
+    specdeploy_compile_cache: bool = Field(
+        True, description="Keep the engine's compile caches (torch.compile, Triton, FlashInfer, CUDA's JIT cache) on "
+        "a persistent host path per engine release and model, so a restart reuses them; a new release starts a "
+        "fresh one.")
+    specdeploy_page_cache_warm: bool = Field(
+        True, description="Where no weight-cache daemon holds the weights: before the engine restarts, read the "
+        "checkpoint into the host's page cache when the host's available memory holds it (checked on the host), "
+        "so the load reads memory instead of disk.")
     specdeploy_engine_extra_args: list[str] = Field(
         default_factory=list, description="Extra engine flags, validated against the engine version.")
     specdeploy_engine_env: dict[str, str] = Field(
@@ -622,6 +642,9 @@ def source_problems(host: str, hv: HostVars) -> list[Finding]:
 def port_problems(host: str, hv: HostVars) -> list[Finding]:
     """The ports this host listens on (the engine's, the exporter's) are distinct."""
     ports = {"specdeploy_port": hv.specdeploy_port, "specdeploy_exporter_port": hv.specdeploy_exporter_port}
+    if hv.specdeploy_weight_cache != "off":
+        ports.update(specdeploy_weight_cache_health_port=hv.specdeploy_weight_cache_health_port,
+                     specdeploy_weight_cache_port=hv.specdeploy_weight_cache_port)
     seen: dict[int, str] = {}
     out = []
     for var, port in ports.items():

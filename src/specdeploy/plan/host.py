@@ -10,14 +10,14 @@ from pathlib import Path
 from specdeploy.nccl import env as nccl_env
 from specdeploy.engines import get_adapter, names
 from specdeploy.values.errors import Finding, SpecdeployError
-from specdeploy.plan.render.paths import (SERVICE_USER, STATE_DIR, converted_drafter_path, engine_files,
-                                          secret_env_path, secret_path, unit_name)
+from specdeploy.plan.render.paths import (CONFIG_DIR, SERVICE_USER, STATE_DIR, converted_drafter_path,
+                                          engine_files, secret_env_path, secret_path, unit_name)
 from specdeploy.plan.render.prometheus import render_prometheus
 from specdeploy.plan.render.quoting import shell_line
 from specdeploy.plan.render.runtime import engine_image, exec_argv
 from specdeploy.plan.render.systemd import jinja_env
 from specdeploy.hostvars.schema import HostVars
-from specdeploy.values.hostpaths import unit_file
+from specdeploy.values.hostpaths import host_path, unit_file
 from specdeploy.values.hostpaths import unit_name as unit_name_of
 from specdeploy.values.topology import Rank
 
@@ -43,6 +43,11 @@ class HostPlan:
     served_model_name: str = ""
     other_engines: list[dict] = field(default_factory=list)  # what switching away from each other engine removes
     rank: dict | None = None  # the host's place in its serving group (values.topology.Rank.to_dict)
+    # the weight-cache daemon the engine attaches to (plan/render/weightcache.py), None when it loads from disk;
+    # why either way; the persistent compile-cache directory (None: not kept)
+    weight_cache: dict | None = None
+    weight_cache_why: str = ""
+    compile_cache: str | None = None
 
     @property
     def serves(self) -> bool:
@@ -55,7 +60,9 @@ class HostPlan:
                 "speculation": self.spec, "nccl": self.nccl_source, "ports": self.ports,
                 "engine_unit": self.engine_unit, "exporter_unit": self.exporter_unit, "image": self.image,
                 "drafter_path": self.drafter_path, "health": self.health,
-                "served_model_name": self.served_model_name, "release": self.release_id()}
+                "served_model_name": self.served_model_name, "release": self.release_id(),
+                "weight_cache": self.weight_cache, "weight_cache_why": self.weight_cache_why,
+                "compile_cache": self.compile_cache}
 
     def release_id(self) -> str:
         """Content hash of everything installed: the same inputs give the same release."""
@@ -85,24 +92,32 @@ def group_env(rank: Rank | None) -> dict[str, str]:
     return {"NCCL_SOCKET_IFNAME": rank.interface, "GLOO_SOCKET_IFNAME": rank.interface}
 
 
-def render_host(host: str, hv: HostVars, address: str | None = None, rank: Rank | None = None) -> HostPlan:
-    """One host's plan; ``rank`` is its place in a serving group (topology.resolve), None for a host of its own."""
+def render_host(host: str, hv: HostVars, address: str | None = None, rank: Rank | None = None,
+                base: Path | None = None) -> HostPlan:
+    """One host's plan; ``rank`` is its place in a serving group (topology.resolve), None for a host of its own;
+    ``base``: the inventory's directory, under which a relative config copy is read (the checkpoint's quantization
+    decides whether a weight-cache daemon can hold it)."""
+    from specdeploy.plan.render import weightcache as wc
     if rank is None and hv.specdeploy_topology != "single":
         raise SpecdeployError([Finding("error", "specdeploy_topology", f"{host} is {hv.specdeploy_topology} in "
                                        f"group {hv.specdeploy_group}, whose ranks come from the whole inventory",
                                        "render it from the inventory (specdeploy plan -i), or through the role, "
                                        "which passes the group's hosts", host)])
+    res = wc.resolve(host, hv, base)
+    hv = res.hv
     adapter, cmd = engine_command(hv, rank)
     env_vars, nccl_source = nccl_env.resolve(hv)
     env = dict(env_vars)
     env.update(group_env(rank))
     env.update(cmd.env)
-    env.update(hv.specdeploy_engine_env)
     image = engine_image(hv)
+    compile_root, compile_env = wc.compile_cache(hv)
+    env.update(compile_env)
+    env.update(hv.specdeploy_engine_env)
     unit = unit_name(hv.specdeploy_engine)
     name = unit.removesuffix(".service")
     unit_path, env_path, argv_path = engine_files(hv.specdeploy_engine)  # the same list an engine switch removes
-    execv = exec_argv(hv, cmd.argv, image, bool(cmd.secret_env))
+    execv = exec_argv(hv, cmd.argv, image, bool(cmd.secret_env))  # the caches' and sockets' mounts: container_spec
     ctx = dict(
         host=host, hv=hv, engine=hv.specdeploy_engine, version=hv.specdeploy_engine_version,
         unit=unit, name=name, exec_argv=execv, env_file=env_path,
@@ -112,6 +127,7 @@ def render_host(host: str, hv: HostVars, address: str | None = None, rank: Rank 
         docker=hv.specdeploy_runtime == "docker",
         user=SERVICE_USER, state_dir=STATE_DIR,
         start_timeout=hv.specdeploy_start_timeout,
+        binds_to=unit_name_of("weight_cache", hv.specdeploy_engine) if res.on else None,
     )
     j = jinja_env()
     files = {
@@ -122,6 +138,12 @@ def render_host(host: str, hv: HostVars, address: str | None = None, rank: Rank 
                                                                   else "systemd"),
         argv_path: shell_line(cmd.argv) + "\n",
     }
+    summary = None
+    if res.on:  # the daemon's env: the engine's (its API key is in a file of the engine's own, not here)
+        wc_files, summary = wc.daemon_files(host, hv, rank, env, image,
+                                            [f"{hv.specdeploy_venv_path}/bin/specdeploy", "ready", "--within",
+                                             str(hv.specdeploy_ready_timeout_s)], j, res.support.why)
+        files.update(wc_files)
     exp_argv = [f"{hv.specdeploy_venv_path}/bin/specdeploy", "exporter", "--engine", hv.specdeploy_engine,
                 "--engine-url", f"http://127.0.0.1:{hv.specdeploy_port}",
                 "--listen", f"0.0.0.0:{hv.specdeploy_exporter_port}",
@@ -129,6 +151,9 @@ def render_host(host: str, hv: HostVars, address: str | None = None, rank: Rank 
                 "--info", f"spec_tokens={hv.specdeploy_spec_num_tokens if hv.specdeploy_spec_enabled else 0}",
                 "--info", f"drafter={converted_drafter_path(hv) or ''}",
                 "--info", f"patch_set={image_patch_label(hv)}"]
+    if summary:  # the exporter reports the daemon's health and its last load (the role records it)
+        exp_argv += ["--weight-cache-health", summary["health"], "--weight-cache-record",
+                     host_path("weight_cache_record", hv.specdeploy_engine)]
     serves = rank is None or rank.leader
     if rank is not None and rank.multi_host and rank.leader:  # it tells which ranks are joined (topology/links)
         exp_argv += ["--group-port", str(rank.port)]
@@ -148,10 +173,19 @@ def render_host(host: str, hv: HostVars, address: str | None = None, rank: Rank 
         ports={"engine": hv.specdeploy_port, "exporter": hv.specdeploy_exporter_port},
         health={"liveness": adapter.health.liveness, "readiness": adapter.health.readiness},
         served_model_name=hv.served_model_name,
-        other_engines=[{"engine": e, "unit": unit_name(e), "files": engine_files(e)}
+        other_engines=[{"engine": e, "unit": unit_name(e), "files": engine_files(e),
+                        "weight_cache_unit": unit_name_of("weight_cache", e),
+                        "weight_cache_files": weight_cache_files(e)}
                        for e in names() if e != hv.specdeploy_engine],
         rank=rank.to_dict() if rank is not None else None,
+        weight_cache=summary, weight_cache_why=res.support.why, compile_cache=compile_root,
     )
+
+
+def weight_cache_files(engine: str) -> list[str]:
+    """The files of an engine's weight-cache daemon unit (an engine switch removes them with the unit)."""
+    stem = unit_name_of("weight_cache", engine).removesuffix(".service")
+    return [unit_file(unit_name_of("weight_cache", engine)), f"{CONFIG_DIR}/{stem}.env", f"{CONFIG_DIR}/{stem}.argv"]
 
 
 def secret_files(hv: HostVars, key: str) -> dict[str, str]:
@@ -194,9 +228,10 @@ def plan(inventory: str, limit: str | None = None, extra: dict | None = None, va
     from specdeploy.topology import inventory_ranks
     inv = inv_mod.load(inventory, limit=limit, extra=extra, vault=vault)
     ranks = inventory_ranks(inv)
+    base = Path(inventory) if Path(inventory).is_dir() else Path(inventory).parent
     plans: list[tuple[str, str, HostPlan]] = []
     for h in inv.engine_hosts:
-        plans.append((h.name, h.address, render_host(h.name, h.hv, h.address, ranks.get(h.name))))
+        plans.append((h.name, h.address, render_host(h.name, h.hv, h.address, ranks.get(h.name), base)))
     prom = render_prometheus(prometheus_targets(plans), rules_files=["/etc/prometheus/rules/specdeploy.rules.yml"])
     return inv, plans, prom
 

@@ -44,6 +44,9 @@ HOST_PATHS: dict[str, str] = {
     "acs_script": "/usr/local/sbin/specdeploy-acs-off",
     "exporter_unit": f"{SYSTEMD_DIR}/specdeploy-exporter.service",
     "run": "/run/specdeploy",                      # runtime state: the readiness wait's baseline
+    # the weight-cache daemon: its sockets (per engine), the key of the weights it holds and its last load's record
+    "weight_cache": f"{STATE_DIR}/weight-cache",
+    "compile_cache": f"{STATE_DIR}/compile-cache",  # compile caches kept across restarts, per release and model
     "sandbox_base_archive": SANDBOX_BASE_ARCHIVE,
 }
 
@@ -61,7 +64,16 @@ PATH_TEMPLATES: dict[str, tuple[str, str]] = {
     "nccl_result": ("nccl", "{0}.json"),                   # an NCCL sweep's result, per hardware/driver/NCCL key
     "unit_dropins": ("systemd", "{0}.d"),                  # a unit's drop-in directory
     "unit_dropin": ("systemd", "{0}.d/{1}"),
+    "weight_cache_sockets": ("weight_cache", "{0}"),        # a daemon's sockets and ready files, per engine
+    "weight_cache_key": ("weight_cache", "{0}.key"),        # the weights the running daemon holds, per engine
+    "weight_cache_record": ("weight_cache", "{0}.json"),    # its last full load and the engine's last attach
+    "compile_cache_dir": ("compile_cache", "{0}"),          # engine-release-model key
 }
+
+# AF_UNIX socket paths hold at most 107 bytes: the longest name a daemon puts in its socket directory (vLLM's
+# vllm_weight_cache_<md5 of the GPU uuid>_draft.sock, SGLang's <GPU uuid>.sock under specdeploy's template) must
+# fit behind it (tests hold every engine's socket directory to this).
+SOCKET_PATH_MAX = 107
 
 # The units specdeploy installs; an engine's carries the engine's name.
 UNITS: dict[str, str] = {
@@ -69,6 +81,7 @@ UNITS: dict[str, str] = {
     "router": HOST_PATHS["router_unit"].rsplit("/", 1)[1],
     "acs": HOST_PATHS["acs_unit"].rsplit("/", 1)[1],
     "engine": "specdeploy-{0}.service",
+    "weight_cache": "specdeploy-{0}-weights.service",  # an engine's weight-cache daemon
 }
 
 
@@ -107,13 +120,14 @@ def host_path(name: str, *parts) -> str:
 
 
 def unit_name(component: str, engine: str | None = None) -> str:
-    """The systemd unit of a component: ``exporter``, ``router``, or ``engine`` with the engine's name."""
+    """The systemd unit of a component: ``exporter``, ``router``, or ``engine`` and ``weight_cache`` (the engine's
+    weight-cache daemon) with the engine's name."""
     if component not in UNITS:
         raise KeyError(f"no unit {component!r}; known: {', '.join(UNITS)}")
-    if component == "engine":
+    if component in ("engine", "weight_cache"):
         if not engine:
-            raise KeyError("the engine unit needs the engine's name")
-        return UNITS["engine"].format(_part("unit", engine))
+            raise KeyError(f"the {component} unit needs the engine's name")
+        return UNITS[component].format(_part("unit", engine))
     return UNITS[component]
 
 

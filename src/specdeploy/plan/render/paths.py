@@ -50,3 +50,31 @@ def host_vars_file(inventory_dir: str, host: str, name: str) -> str:
 def gate_vars_file(inventory_dir: str, host: str) -> str:
     """The controller-side inventory file where the gate writes a host's verdict as variables."""
     return host_vars_file(inventory_dir, host, "specdeploy_gate.yml")
+
+
+def compile_cache_dir(hv: HostVars) -> str | None:
+    """The persistent directory of the engine's compile caches (values/hostpaths.py ``compile_cache_dir``), keyed by
+    engine, release, patch set and model path: a new release or model starts a fresh one. None where it is off or
+    the release's caches were not read (its adapter's ``compile_cache_table``)."""
+    import hashlib
+
+    from specdeploy.engines import get_adapter
+    from specdeploy.engines.patches import patch_set_id
+    if not hv.specdeploy_compile_cache:
+        return None
+    adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)
+    if not adapter.compile_cache_env("/"):
+        return None
+    label = patch_set_id(hv.specdeploy_engine, hv.specdeploy_engine_version, hv.specdeploy_engine_patches)
+    model = hashlib.sha256(hv.specdeploy_model_path.encode()).hexdigest()[:10]
+    key = f"{hv.specdeploy_engine}-{hv.specdeploy_engine_version}-{label}-{model}".replace("/", "_")
+    return hostpaths.host_path("compile_cache_dir", key)
+
+
+def weight_cache_sockets(hv: HostVars) -> str | None:
+    """Where the engine's weight-cache daemon puts its sockets, when the plan attached the engine to one (the
+    resolved ``specdeploy_weight_cache`` is ``on``)."""
+    if hv.specdeploy_weight_cache != "on":
+        return None
+    return hostpaths.host_path("weight_cache_sockets", hv.specdeploy_engine)
+

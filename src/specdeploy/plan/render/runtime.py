@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from specdeploy.plan.images import image_tag
 from specdeploy.hostvars.schema import HostVars
-from specdeploy.plan.render.paths import CRED_TOKEN, converted_drafter_path, engine_files, secret_env_path, unit_name
+from specdeploy.plan.render.paths import (CRED_TOKEN, compile_cache_dir, converted_drafter_path, engine_files,
+                                          secret_env_path, unit_name, weight_cache_sockets)
 
 
 def gpu_count(hv: HostVars) -> int:
@@ -18,7 +19,8 @@ GPU_ULIMITS = {"memlock": "-1"}
 ULIMITS = {"stack": "67108864"}
 
 
-def container_spec(hv: HostVars, image: str, name: str, rw_mounts: tuple[str, ...] = ()) -> dict:
+def container_spec(hv: HostVars, image: str, name: str, rw_mounts: tuple[str, ...] = (),
+                   host_pid: bool = False) -> dict:
     """What every container of this host's engine gets (the engine unit, NCCL tuning): image, GPUs, IPC,
     network, ulimits and the read-only model and drafter mounts. One place, two renderings: ``docker run``
     argv (:func:`docker_run_argv`) and community.docker.docker_container parameters (:func:`container_params`)."""
@@ -26,10 +28,16 @@ def container_spec(hv: HostVars, image: str, name: str, rw_mounts: tuple[str, ..
     drafter = converted_drafter_path(hv)
     if drafter:
         mounts.append((drafter, True))
-    mounts += [(m, False) for m in rw_mounts]
+    # written by the engine and its weight-cache daemon: the compile caches, the daemon's sockets
+    mine = tuple(m for m in (compile_cache_dir(hv), weight_cache_sockets(hv)) if m)
+    mounts += [(m, False) for m in dict.fromkeys(mine + tuple(rw_mounts))]
+    if not host_pid and weight_cache_sockets(hv):
+        from specdeploy.engines import get
+        host_pid = get(hv.specdeploy_engine).weight_cache_host_pid
     gpus = gpu_count(hv)
     return {"name": name, "image": image, "gpus": gpus, "ipc": "host", "network": "host",
-            "ulimits": {**(GPU_ULIMITS if gpus else {}), **ULIMITS}, "mounts": mounts}
+            "ulimits": {**(GPU_ULIMITS if gpus else {}), **ULIMITS}, "mounts": mounts,
+            **({"pid": "host"} if host_pid else {})}
 
 
 def docker_run_argv(spec: dict, env_files: list[str], entry: str, args: list[str],
@@ -38,6 +46,8 @@ def docker_run_argv(spec: dict, env_files: list[str], entry: str, args: list[str
     if spec["gpus"]:
         run += ["--gpus", "all"]
     run += ["--ipc", spec["ipc"], "--network", spec["network"]]
+    if spec.get("pid"):  # the engine checks its weight-cache daemon's PID: one PID namespace for both
+        run += ["--pid", spec["pid"]]
     for k, v in spec["ulimits"].items():
         run += ["--ulimit", f"{k}={v}"]
     for f in env_files:
@@ -57,12 +67,19 @@ def container_params(spec: dict, entry: str, args: list[str], env: dict[str, str
          "entrypoint": [entry], "command": list(args), "env": dict(env or {})}
     if spec["gpus"]:
         p["device_requests"] = [{"driver": "nvidia", "count": -1, "capabilities": [["gpu"]]}]
+    if spec.get("pid"):
+        p["pid_mode"] = spec["pid"]
     return p
 
 
-def exec_argv(hv: HostVars, argv: list[str], image: str | None, secret_env: bool = False) -> list[str]:
+def exec_argv(hv: HostVars, argv: list[str], image: str | None, secret_env: bool = False,
+              unit: str | None = None, env_file: str | None = None, rw_mounts: tuple[str, ...] = (),
+              host_pid: bool = False) -> list[str]:
     """Wrap the engine command for the runtime: docker run, or the host venv (the simulator's on a sandbox host).
-    ``secret_env``: the engine takes its API key from the environment (a second, 0600 env file)."""
+    ``secret_env``: the engine takes its API key from the environment (a second, 0600 env file). ``unit`` and
+    ``env_file``: another unit of the engine's (its weight-cache daemon) than the engine's own; ``rw_mounts``:
+    host directories the container writes (the daemon's sockets, the compile caches); ``host_pid``: the host's PID
+    namespace."""
     engine = hv.specdeploy_engine
     if hv.specdeploy_runtime == "venv":
         if hv.specdeploy_sandbox and hv.specdeploy_sandbox_engine == "simulator":
@@ -72,15 +89,16 @@ def exec_argv(hv: HostVars, argv: list[str], image: str | None, secret_env: bool
         if argv[0] == "python":
             return [f"{hv.engine_venv}/bin/python"] + argv[1:]
         return [f"{hv.engine_venv}/bin/{argv[0]}"] + argv[1:]
-    name = unit_name(engine).removesuffix(".service")  # the container is named as the unit
-    env_files = [engine_files(engine)[1]]
+    name = (unit or unit_name(engine)).removesuffix(".service")  # the container is named as the unit
+    env_files = [env_file or engine_files(engine)[1]]
     if hv.specdeploy_api_key_file and secret_env:
         env_files.append(secret_env_path(engine))
     inner, volumes = list(argv), []
     if any(CRED_TOKEN in a for a in inner):
         volumes.append(f"{CRED_TOKEN}:/run/specdeploy-credentials:ro")
         inner = [a.replace(CRED_TOKEN, "/run/specdeploy-credentials") for a in inner]
-    return docker_run_argv(container_spec(hv, image, name), env_files, inner[0], inner[1:], volumes)
+    return docker_run_argv(container_spec(hv, image, name, rw_mounts, host_pid), env_files, inner[0], inner[1:],
+                           volumes)
 
 
 def engine_image(hv: HostVars) -> str | None:
