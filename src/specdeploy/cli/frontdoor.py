@@ -171,12 +171,16 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
 
 def _status_table(st: dict) -> Table:
     from rich.table import Table
+
+    from specdeploy.ops.status import weight_cache_text
     escape = _esc
     t = Table(title=f"fleet status ({time.strftime('%H:%M:%S', time.localtime(st['time']))}, prometheus: "
                     f"{escape(st['prometheus'] or 'unreachable')})")
     grouped = any(r.get("group") for r in st["hosts"])
+    cached = any(r.get("weight_cache") for r in st["hosts"])  # a weights column where any engine attaches
     for c in ("host",) + (("group",) if grouped else ()) + ("up", "engine", "release", "spec", "gate", "AL",
-                                                           "accept", "tok/s", "TTFT p50/p99", "restarts"):
+                                                           "accept", "tok/s", "TTFT p50/p99", "restarts") \
+            + (("weights",) if cached else ()):
         t.add_column(c)
 
     def f(v, fmt):
@@ -187,7 +191,8 @@ def _status_table(st: dict) -> Table:
                                        if r.get("group") else "-"] if grouped else [])
         if not r["reachable"] or r.get("error"):  # a host that answered garbage is one bad row, with the reason
             state = "unreachable" if not r["reachable"] else r.get("group_state") or "bad answer"
-            t.add_row(*head, f"[bold red]{state}[/]", escape(r.get("error", "")), "", "", "", "", "", "", "", "")
+            t.add_row(*head, f"[bold red]{state}[/]", escape(r.get("error", "")), "", "", "", "", "", "", "", "",
+                      *([""] if cached else []))
             continue
         up = "[green]up[/]" if r.get("up") else "[red]engine down[/]"
         ttft = "-" if r.get("ttft_p50") is None else f"{r['ttft_p50'] * 1000:.0f}/{r.get('ttft_p99', 0) * 1000:.0f} ms"
@@ -197,7 +202,8 @@ def _status_table(st: dict) -> Table:
                                                           else "")),
                   escape(r.get("gate") or "-"), f(r.get("acceptance_length"), ".2f"),
                   f(r.get("acceptance_rate"), ".0%"),
-                  f(r.get("tokens_per_s"), ".1f"), ttft, f(r.get("restarts"), ".0f"))
+                  f(r.get("tokens_per_s"), ".1f"), ttft, f(r.get("restarts"), ".0f"),
+                  *([escape(weight_cache_text(r.get("weight_cache")))] if cached else []))
     return t
 
 

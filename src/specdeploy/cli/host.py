@@ -86,7 +86,11 @@ def exporter_cmd(engine: str = typer.Option(..., "--engine"), engine_url: str = 
                  group_port: Optional[int] = typer.Option(None, "--group-port", help="a serving group's leader: "
                                                           "its rendezvous port"),
                  group_rank: Optional[List[str]] = typer.Option(None, "--group-rank", help="HOST=ADDRESS of each "
-                                                                "other rank of the group, in rank order")):
+                                                                "other rank of the group, in rank order"),
+                 weight_cache_health: Optional[str] = typer.Option(None, "--weight-cache-health", help="the engine's "
+                                                                   "weight-cache daemon's health check (its plan's)"),
+                 weight_cache_record: Optional[Path] = typer.Option(None, "--weight-cache-record", help="the deploy's "
+                                                                    "record of the daemon's last load")):
     """Serve speculative-decoding metrics under one engine-independent set of names."""
     import time as _t
     from specdeploy.speculation.exporter import serve
@@ -108,8 +112,14 @@ def exporter_cmd(engine: str = typer.Option(..., "--engine"), engine_url: str = 
     if bad:
         error("--group-rank", f"{bad[0]!r} is not HOST=ADDRESS", "give the rank's host name and its address")
     group = (group_port, list(group_rank)) if group_port is not None else None
+    if weight_cache_record is not None and not weight_cache_health:
+        error("--weight-cache-record", "goes with --weight-cache-health", "give the daemon's health check too")
+    if weight_cache_health and not weight_cache_health.startswith(("http://", "https://", "files:")):
+        error("--weight-cache-health", f"{weight_cache_health!r} is neither an http(s) URL nor files:GLOB:N",
+              "give the health check from the host's plan")
+    wc = (weight_cache_health, weight_cache_record) if weight_cache_health else None
     try:
-        serve(engine, engine_url, listen, window, kv, gate_file, group)
+        serve(engine, engine_url, listen, window, kv, gate_file, group, wc)
     except OSError as exc:
         error("--listen", f"cannot listen on {listen}: {exc.strerror or exc}",
               "choose a free port and an address of this host")

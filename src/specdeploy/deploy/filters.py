@@ -2,12 +2,12 @@
 hands this table over as it is."""
 from __future__ import annotations
 
-from specdeploy.deploy import converged, groups, hostfacts, monitoring, release
+from specdeploy.deploy import converged, groups, hostfacts, monitoring, release, weights
 
 
 def _collect() -> dict:
     out: dict = {}
-    for mod in (groups, release, monitoring, converged, hostfacts):
+    for mod in (groups, release, monitoring, converged, hostfacts, weights):
         for name, fn in mod.FILTERS.items():
             if name in out and out[name] is not fn:
                 raise ValueError(f"filter {name} is defined twice ({out[name].__module__}, {fn.__module__})")

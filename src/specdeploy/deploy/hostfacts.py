@@ -9,7 +9,7 @@ from specdeploy.values.hostpaths import host_path, unit_name
 
 # The stdlib-only scripts a role runs on a host with the host's own python3 (fed on stdin: nothing needs to be
 # installed there first, and nothing is left behind).
-HOST_SCRIPTS = ("staging", "converged")
+HOST_SCRIPTS = ("staging", "converged", "pagecache")
 
 
 def host_facts(hv) -> dict:
@@ -23,7 +23,11 @@ def host_facts(hv) -> dict:
         "drafter_out": converted_drafter_path(hv) or "",
         "drafter_earlier": host_path("drafter_earlier", engine),
         "units": {"engine": unit_name("engine", engine), "exporter": unit_name("exporter"),
-                  "router": unit_name("router"), "engines": [unit_name("engine", e) for e in names()]},
+                  "router": unit_name("router"), "engines": [unit_name("engine", e) for e in names()],
+                  "weight_cache": unit_name("weight_cache", engine)},
+        "weight_cache": {"sockets": host_path("weight_cache_sockets", engine),
+                         "key": host_path("weight_cache_key", engine),
+                         "record": host_path("weight_cache_record", engine)},
         "standin_build": host_path("standin_build", engine),
     }
 
@@ -33,8 +37,8 @@ def host_script(name: str, args: list[str]) -> dict:
     controller path of the script to feed it."""
     if name not in HOST_SCRIPTS:
         raise KeyError(f"no host script {name!r}; known: {', '.join(HOST_SCRIPTS)}")
-    from specdeploy.hostscripts import converged, staging
-    module = {"staging": staging, "converged": converged}[name]
+    from specdeploy.hostscripts import converged, pagecache, staging
+    module = {"staging": staging, "converged": converged, "pagecache": pagecache}[name]
     return {"argv": ["-", *args], "script": module.__file__}
 
 

@@ -44,7 +44,45 @@ def signatures(kimi_since: str) -> tuple[Signature, ...]:
                   "runner asserts it in 0.16.0 to 0.19.0; the assertion is gone from 0.20.0, and 0.32.0 runs EAGLE-3 "
                   "on CPU): serve without speculation there (specdeploy_spec_enabled: false) or use a release whose "
                   "runner supports it."),
+        *WEIGHT_CACHE_SIGNATURES,
     )
+
+
+# The weight-cache daemon and the ipc_cache loader (model_loader/weight_cache/ of 0.30.0 to 0.33.0), in their words.
+_DAEMON = "the weight-cache daemon (specdeploy-vllm-weights.service)"
+WEIGHT_CACHE_SIGNATURES = (
+    Signature("weight-cache-daemon-missing", "high",
+              re.compile(r"WeightCacheUnavailableError: (?:Weight cache daemon did not become ready|Cannot connect to "
+                         r"weight cache daemon|Weight cache socket \S+ is unavailable)"),
+              f"The engine was started attached to {_DAEMON}, and no daemon serves its socket: `systemctl status "
+              "specdeploy-vllm-weights` and `journalctl -u specdeploy-vllm-weights` say why it is down. Starting the "
+              "engine starts the daemon first (a full load), as does the next deploy; set specdeploy_weight_cache: "
+              "off to load from disk instead."),
+    Signature("weight-cache-mismatch", "high",
+              re.compile(r"CacheConfigMismatchError|WeightCacheKey mismatch on fields|Weight cache role mismatch"),
+              f"{_DAEMON[0].upper()}{_DAEMON[1:]} holds other weights than the engine asks for (the fields the "
+              "message names: checkpoint, quantization, dtype, tensor/data-parallel ranks, vllm_version): redeploy, "
+              "which restarts the daemon with the engine's model, quantization, layout and release (a full load)."),
+    Signature("weight-cache-quantization", "high",
+              re.compile(r"UnsupportedQuantForIPCError|does not support loading from pre-processed weights"),
+              "This checkpoint's quantization cannot be served from vLLM's weight cache (a layer's quant method does "
+              "not support pre-processed weights): set specdeploy_weight_cache: off, or serve a checkpoint whose "
+              "quantization it takes (unquantized, FP8, ModelOpt NVFP4, MXFP4)."),
+    Signature("weight-cache-platform", "high",
+              re.compile(r"UnsupportedPlatformForIPCError|does not support CUDA IPC weight sharing"),
+              "The weight cache shares weights over CUDA IPC, which only CUDA and ROCm have: set "
+              "specdeploy_weight_cache: off on this platform."),
+    Signature("weight-cache-memory", "high",
+              re.compile(r"Externally held weights on device \S+ \([^)]*\) exceed the desired GPU memory utilization|"
+                         r"is less than the engine's budget after excluding external process's weights"),
+              "The weights the daemon holds and the engine's own budget do not fit on the GPU together: "
+              "specdeploy_gpu_memory_utilization counts the daemon's weights (raise it, within what `specdeploy "
+              "preflight` accounts), or free the GPU of other processes (a second daemon, a leftover engine)."),
+    Signature("weight-cache-daemon-running", "high", re.compile(r"Another weight cache daemon already owns"),
+              "Another weight-cache daemon holds this GPU's socket: stop it (systemctl stop "
+              "specdeploy-vllm-weights, or the process `fuser` names on the socket's .lock file) before starting "
+              "this one."),
+)
 
 
 LOAD_LOG = LoadLog(
@@ -53,4 +91,9 @@ LOAD_LOG = LoadLog(
     graphs=re.compile(r"(?:Capturing CUDA graphs?[^:]*):\s+(\d+)%\|[^|]*\| (\d+)/(\d+)"),
     graphs_done=re.compile(r"Graph capturing finished in"),
     ready=re.compile(r"Application startup complete"),
+    attached=re.compile(r"Mapped \d+ tensors from the weight cache daemon"),
+    disk_fallback=re.compile(r"Weight cache unusable \(.*\); falling back to disk loading|Weight cache IPC loading "
+                             r"failed; falling back to disk loading"),
+    daemon_ready=re.compile(r"===== Weight cache daemon READY"),
+    daemon_memory=re.compile(r"Weight cache \w+ daemon rank \d+ loaded model \(([\d.]+) GiB allocated"),
 )

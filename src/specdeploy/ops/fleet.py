@@ -19,6 +19,7 @@ class Target:
     group: str | None = None   # its serving group, when it shares one model instance with other hosts
     rank: int | None = None    # its rank there (0: the leader)
     leader: str | None = None  # the host that serves HTTP for the group (a rank that joins it serves none)
+    weight_cache_unit: str | None = None  # its engine's weight-cache daemon's unit (whether or not it runs one)
 
 
 def targets(inventory: str, limit: str | None = None, extra: dict | None = None,
@@ -34,6 +35,7 @@ def targets_of(inv) -> tuple[list[Target], list[str]]:
     from specdeploy.hostvars.ssh import destination, ssh_options
     from specdeploy.plan.render.paths import unit_name
     from specdeploy.topology import inventory_ranks
+    from specdeploy.values.hostpaths import unit_name as unit_name_of
     ranks = inventory_ranks(inv)
     out = []
     for h in inv.engine_hosts:
@@ -44,7 +46,8 @@ def targets_of(inv) -> tuple[list[Target], list[str]]:
         out.append(Target(h.name, h.address, h.hv.specdeploy_engine, h.hv.specdeploy_port,
                           h.hv.specdeploy_exporter_port, unit_name(h.hv.specdeploy_engine), ssh,
                           r.group if grouped else None, r.index if grouped else None,
-                          r.hosts[0] if grouped else None))
+                          r.hosts[0] if grouped else None,
+                          unit_name_of("weight_cache", h.hv.specdeploy_engine)))
     mon = [str(inv.all_vars.get(m, {}).get("ansible_host", m)) for m in inv.monitoring_hosts]
     return out, mon
 

@@ -15,9 +15,16 @@ class LoadProgress:
     kv_tokens: int | None = None
     graphs: tuple[int, int] | None = None
     eta_s: float | None = None
+    daemon: bool = False         # the weight-cache daemon's full load, not the engine's start
+    attached: bool = False       # the engine mapped its weights from the daemon (no load)
+    disk_fallback: bool = False  # the release fell back to a disk load without its daemon
 
     def text(self) -> str:
-        parts = []
+        parts = ["full load (weight-cache daemon)"] if self.daemon else []
+        if self.attached:
+            parts.append("weights attached from the weight-cache daemon")
+        if self.disk_fallback:
+            parts.append("no weight-cache daemon: the release fell back to a disk load")
         if self.shards:
             parts.append(f"shards {self.shards[0]}/{self.shards[1]}")
         if self.kv_tokens is not None:
@@ -44,7 +51,8 @@ def _patterns(engine: str | None) -> LoadLog:
     def union(attr):
         rx = [getattr(log, attr) for log in logs if getattr(log, attr) is not None]
         return re.compile("|".join(f"(?:{r.pattern})" for r in rx)) if len(rx) > 1 else (rx[0] if rx else None)
-    return LoadLog(**{k: union(k) for k in ("shards", "kv_tokens", "graphs", "graphs_done", "ready")})
+    return LoadLog(**{k: union(k) for k in ("shards", "kv_tokens", "graphs", "graphs_done", "ready", "attached",
+                                            "disk_fallback", "daemon_ready")})
 
 
 def _groups(m: re.Match, n: int) -> list[str]:
@@ -53,14 +61,17 @@ def _groups(m: re.Match, n: int) -> list[str]:
 
 
 def parse_load(lines: list[tuple[float | None, str]], now: float | None = None,
-               engine: str | None = None) -> LoadProgress:
-    """Progress of one engine start from its log lines [(unix time or None, text)], oldest first. The ETA
-    extrapolates the current tqdm bar (weight shards, then CUDA graphs) from the log's own timestamps."""
+               engine: str | None = None, daemon: bool = False) -> LoadProgress:
+    """Progress of one engine start from its log lines [(unix time or None, text)], oldest first; ``daemon``: of
+    its weight-cache daemon's full load (ready on the daemon's own line). The ETA extrapolates the current tqdm bar
+    (weight shards, then CUDA graphs) from the log's own timestamps."""
     pat = _patterns(engine)
     never = re.compile(r"(?!)")
     shards_rx, kv_rx, graphs_rx = pat.shards or never, pat.kv_tokens or never, pat.graphs or never
-    done_rx, ready_rx = pat.graphs_done or never, pat.ready or never
-    p = LoadProgress()
+    done_rx = pat.graphs_done or never
+    ready_rx = (pat.daemon_ready if daemon else pat.ready) or never
+    attached_rx, fallback_rx = pat.attached or never, pat.disk_fallback or never
+    p = LoadProgress(daemon=daemon)
     bar_start: dict[str, tuple[float, int]] = {}
     last: dict[str, tuple[float, int, int]] = {}
     for t, line in lines:
@@ -82,6 +93,10 @@ def parse_load(lines: list[tuple[float | None, str]], now: float | None = None,
             p.stage = "cuda-graphs"
             if p.graphs:
                 p.graphs = (p.graphs[1], p.graphs[1])
+        if not daemon and attached_rx.search(line):
+            p.attached = True
+        if not daemon and fallback_rx.search(line):
+            p.disk_fallback = True
         if ready_rx.search(line):
             p.stage = "ready"
     bar = {"weights": "w", "cuda-graphs": "g"}.get(p.stage)

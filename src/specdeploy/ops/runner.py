@@ -342,12 +342,27 @@ class Run:
                 if lines is None:
                     continue
                 p = parse_load(lines, time.time(), self.targets[host].engine)
+                daemon = self.daemon_load(host)  # a full load of the weight-cache daemon this run started
+                p = daemon or p
                 text = p.text()
                 if text != row.progress:
                     row.progress = text
                     self.log(event="load_progress", host=host, phase="load", progress=asdict(p))
                     if self.on_change:
                         self.on_change(self, host)
+
+    def daemon_load(self, host: str):
+        """The weight-cache daemon's full load on ``host`` while it runs, when this run started it (its journal since
+        its last start, begun after the run began, not yet at its ready line); else None."""
+        from dataclasses import replace as _replace
+        t = self.targets[host]
+        if not getattr(t, "weight_cache_unit", None):
+            return None
+        lines = read_journal(_replace(t, unit=t.weight_cache_unit))
+        if not lines or lines[0][0] is None or lines[0][0] < self.started:
+            return None
+        p = parse_load(lines, time.time(), t.engine, daemon=True)
+        return None if p.stage == "ready" else p
 
     def finish(self, rc: int):
         self.rc = rc

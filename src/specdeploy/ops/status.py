@@ -45,6 +45,11 @@ def scrape_exporter(t: Target, timeout: float = 2.0) -> dict[str, Any]:
                     seen["gate"] = s.labels.get("verdict")
                 elif s.name == "specdeploy_group_rank_joined" and s.labels.get("rank_host"):
                     seen.setdefault("group_joined", {})[s.labels["rank_host"]] = bool(s.value)
+                elif s.name in WEIGHT_CACHE_FIELDS:  # the weight-cache daemon the engine attaches to
+                    wc = seen.setdefault("weight_cache", {})
+                    wc[WEIGHT_CACHE_FIELDS[s.name]] = bool(s.value) if s.name.endswith("_up") else s.value
+                    if s.name == "specdeploy_engine_start_seconds":
+                        wc["start_how"] = s.labels.get("how")
     except Exception as exc:  # noqa: BLE001 - the parser raises bare ValueErrors and more on garbage
         row["error"] = f"{where}: not a metrics page ({str(exc).splitlines()[0][:60] if str(exc) else 'garbage'})"
         return row
@@ -53,6 +58,27 @@ def scrape_exporter(t: Target, timeout: float = 2.0) -> dict[str, Any]:
         return row
     row.update(seen)
     return row
+
+
+# the exporter's weight-cache figures (speculation/weightcache.py) -> the row's weight_cache keys
+WEIGHT_CACHE_FIELDS = {"specdeploy_weight_cache_up": "up", "specdeploy_weight_cache_memory_bytes": "memory_bytes",
+                       "specdeploy_weight_cache_load_seconds": "load_s", "specdeploy_engine_start_seconds": "start_s"}
+
+
+def weight_cache_text(wc: dict | None) -> str:
+    """A row's weight cache in a few words: "up, 70.1 GiB/GPU, loaded in 30 min, attached in 42 s"."""
+    if not wc:
+        return "-"
+    parts = ["up" if wc.get("up") else "DOWN"]
+    if wc.get("memory_bytes"):
+        parts.append(f"{wc['memory_bytes'] / (1 << 30):.1f} GiB/GPU")
+    if wc.get("load_s") is not None:
+        s = int(wc["load_s"])
+        parts.append(f"loaded in {s // 60} min" if s >= 120 else f"loaded in {s} s")
+    if wc.get("start_s") is not None:
+        how = {"attached": "attached", "disk": "disk fallback"}.get(wc.get("start_how") or "", "started")
+        parts.append(f"{how} in {int(wc['start_s'])} s")
+    return ", ".join(parts)
 
 
 PROM_QUERIES = {"tokens_per_s": M.q_tokens_per_s("1m"), "ttft_p50": M.q_ttft(0.5, "5m"),

@@ -62,7 +62,9 @@ class HostPlan:
                 "drafter_path": self.drafter_path, "health": self.health,
                 "served_model_name": self.served_model_name, "release": self.release_id(),
                 "weight_cache": self.weight_cache, "weight_cache_why": self.weight_cache_why,
-                "compile_cache": self.compile_cache}
+                "compile_cache": self.compile_cache,
+                # who writes the daemon's sockets and the compile caches: the container's root, or the service user
+                "run_as": "root" if self.runtime == "docker" else SERVICE_USER}
 
     def release_id(self) -> str:
         """Content hash of everything installed: the same inputs give the same release."""

@@ -150,7 +150,7 @@ class SpecCollector:
     def __init__(self, engine: str, url: str, window: float = 60.0, info: dict | None = None,
                  gate_file: Path | None = None, timeout: float = 2.0, cache_s: float = 1.0,
                  release_file: Path | None = None, group: tuple[int, list[str]] | None = None,
-                 tables=None):
+                 tables=None, weight_cache=None):
         # counters (else acceptance gauges); an unknown engine is a ValueError (UnsupportedVersion)
         self.counting = bool(get(engine).metrics.spec_counters)
         self.engine, self.url, self.window = engine, url.rstrip("/") + "/metrics", window
@@ -161,6 +161,7 @@ class SpecCollector:
         # a serving group's leader: (its rendezvous port, "HOST=ADDRESS" of every other rank in rank order)
         self.group = group
         self.tables = tables or links.read_tables
+        self.weight_cache = weight_cache  # a speculation.weightcache.WeightCacheCollector, where one is attached
         self.samples: deque[Sample] = deque()
         self.errors = 0
         self.up = 0
@@ -196,6 +197,7 @@ class SpecCollector:
             info, release_ok = self._info()
             gate = self._gate()
             gate_ok = not self.problems.get("gate")
+            wc = list(self.weight_cache.collect()) if self.weight_cache else []
         yield GaugeMetricFamily("specdeploy_engine_up", help_of("specdeploy_engine_up"), value=up)
         yield CounterMetricFamily("specdeploy_exporter_scrape_errors",
                                   help_of("specdeploy_exporter_scrape_errors"), value=errors)
@@ -203,7 +205,10 @@ class SpecCollector:
                                   labels=["file"])
         valid.add_metric(["gate"], 1.0 if gate_ok else 0.0)
         valid.add_metric(["release"], 1.0 if release_ok else 0.0)
+        if self.weight_cache:
+            valid.add_metric(["weight_cache"], 0.0 if self.weight_cache.problem else 1.0)
         yield valid
+        yield from wc
         yield InfoMetricFamily("specdeploy_engine", help_of("specdeploy_engine"), value=info)
         if samples:
             yield from self._spec(samples)
@@ -407,12 +412,18 @@ def read_release(path: Path) -> tuple[str, str]:
 
 
 def serve(engine: str, url: str, listen: str, window: float, info: dict, gate_file: Path | None,
-          group: tuple[int, list[str]] | None = None):
+          group: tuple[int, list[str]] | None = None, weight_cache: tuple[str, Path | None] | None = None):
+    """``weight_cache``: (the daemon's health check, the deploy's record of it) where the engine attaches to one."""
     from prometheus_client import start_http_server
     from prometheus_client.core import CollectorRegistry
     reg = CollectorRegistry()
     release = gate_file.parent.parent / "current" if gate_file else None  # <state dir>/gate/.. -> <state dir>
-    reg.register(SpecCollector(engine, url, window, info, gate_file, release_file=release, group=group))
+    wc = None
+    if weight_cache:
+        from specdeploy.speculation.weightcache import WeightCacheCollector
+        wc = WeightCacheCollector(*weight_cache)
+    reg.register(SpecCollector(engine, url, window, info, gate_file, release_file=release, group=group,
+                               weight_cache=wc))
     host, _, port = listen.rpartition(":")
     server, thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=reg)
     return server, thread

@@ -33,6 +33,16 @@ EXPORTED: dict[str, tuple[str, str]] = {
                                      "connection to the leader's rendezvous port, 0 when it holds none (it went "
                                      "away: the group cannot serve, though the leader's health check still "
                                      "answers until its next step)"),
+    "specdeploy_weight_cache_expected": ("gauge", "1 where the deployed engine attaches to a weight-cache daemon"),
+    "specdeploy_weight_cache_up": ("gauge", "1 while the weight-cache daemon answers its own health check (every "
+                                   "local rank serving its weights), 0 when it does not"),
+    "specdeploy_weight_cache_memory_bytes": ("gauge", "GPU memory one rank of the weight-cache daemon held after "
+                                             "its last full load, as its log says (absent where the release does "
+                                             "not print it)"),
+    "specdeploy_weight_cache_load_seconds": ("gauge", "How long the weight-cache daemon's last full load took"),
+    "specdeploy_engine_start_seconds": ("gauge", "How long the engine's last start took to readiness, by how it "
+                                        "got its weights: attached (from the daemon), disk (the release's own fall "
+                                        "back to a disk load) or unknown"),
 }
 
 
@@ -91,6 +101,8 @@ Q_PREDICTED_SPEEDUP = ("specdeploy_spec_acceptance_length / on (host) "
 # measured (the gate's step ratio) and predicted by the roofline (one line per routing model)
 Q_BREAKEVEN_MEASURED = "avg by (host) (specdeploy_gate_step_ratio)"
 Q_BREAKEVEN_PREDICTED = "avg by (host, routing) (specdeploy_gate_predicted_step_ratio)"
+# a weight-cache daemon down while its engine expects it (the engine bound to it stops with it)
+Q_WEIGHT_CACHE_DOWN = "specdeploy_weight_cache_expected == 1 unless on (host) specdeploy_weight_cache_up == 1"
 # the label of the alerts that ask `specdeploy regate` for a new gate run on their host
 REGATE_LABEL = ("specdeploy_action", "regate")
 # the live acceptance length against the gate's own measurement

@@ -26,7 +26,8 @@ def render_rules(**overrides) -> str:
     ctx = dict(RULE_DEFAULTS, **overrides)
     ctx.update(q_tokens_1m=M.q_tokens_per_s("1m"), q_ttft_p95_5m=M.q_ttft(0.95, "5m"),
                q_itl_p95_5m=M.q_itl(0.95, "5m"), q_kv=M.q_kv(), q_spec_on=M.Q_SPEC_ON,
-               q_predicted_speedup=M.Q_PREDICTED_SPEEDUP, q_al_vs_gate=M.Q_AL_VS_GATE, regate_label=REGATE_LABEL)
+               q_predicted_speedup=M.Q_PREDICTED_SPEEDUP, q_al_vs_gate=M.Q_AL_VS_GATE, regate_label=REGATE_LABEL,
+               q_weight_cache_down=M.Q_WEIGHT_CACHE_DOWN)
     return jinja_env().get_template("monitoring/specdeploy.rules.yml.j2").render(**ctx)
 
 
@@ -70,6 +71,11 @@ def panels() -> list[tuple[str, str, str, list[tuple[str, str]]]]:
         ("Serving", "KV cache usage", "percentunit", [("{{host}}", M.q_kv())]),
         ("Serving", "Serving groups: ranks joined to their leader (0: the group cannot serve)", "none",
          [("{{host}} rank {{rank}} ({{rank_host}})", "specdeploy_group_rank_joined")]),
+        ("Restarts", "Weight-cache daemon up (where the engine attaches to one)", "none",
+         [("{{host}}", "specdeploy_weight_cache_up and on (host) specdeploy_weight_cache_expected == 1")]),
+        ("Restarts", "Engine start: attached vs the daemon's last full load", "s",
+         [("{{host}} engine ({{how}})", "specdeploy_engine_start_seconds"),
+          ("{{host}} daemon full load", "specdeploy_weight_cache_load_seconds")]),
         ("GPU (DCGM)", "GPU utilization", "percent", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_GPU_UTIL")]),
         ("GPU (DCGM)", "GPU memory used", "mbytes", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_FB_USED")]),
         ("GPU (DCGM)", "GPU power", "watt", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_POWER_USAGE")]),

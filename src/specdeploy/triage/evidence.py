@@ -95,6 +95,8 @@ LINES = [
     ("kill", "probe", re.compile(r"(?:Startup|Liveness) probe failed\b.*|"
                                  r"Container \S+ failed (?:startup|liveness) probe, will be restarted")),
     ("kill", "signal", re.compile(_KILLS)),
+    # systemd stops a unit whose BindsTo= unit went away (an engine bound to its weight-cache daemon)
+    ("kill", "bound-unit", re.compile(r"(?:Unit \S+ |\S+: Unit )?is bound to inactive unit \S+?\.? Stopping, too\.?")),
     ("native", "panic", re.compile(r"thread '[^']{0,200}' panicked at .+")),
     ("native", "terminate", re.compile(r"terminate called after throwing an instance of '[^']{1,300}'")),
     ("native", "heap", re.compile(_HEAP)),
@@ -125,7 +127,8 @@ HINT_WORDS = ("atchdog", "Kill", "kill", "died", "exit code", "exited", "custom 
               "CUDA_ERROR", "HSA_STATUS", "WARN", "[PID", "OOM", "oom", "Out Of Memory", "panicked",
               "terminate called", "corrupt", "double free", "(): ", "stack smashing", "heck failed", "CHECK",
               "CANCELLED AT", "probe", "function error", "exception of", "[FUNC:", "NIXL_ERR", "not found",
-              "Permission denied", "No such file", "Cuda failure", "Triton Error", "SIG", "by signal")
+              "Permission denied", "No such file", "Cuda failure", "Triton Error", "SIG", "by signal",
+              "bound to inactive unit")
 
 
 def _hinted(t: str) -> bool:

@@ -240,6 +240,11 @@ def _killed(recs: list[Record], e: Evidence, kernel_kills: list[str], requests: 
     ev = [_ev(e.rec, "the process ended by a signal, without a Python traceback")]
     t = (e.rec.proc, e.rec.rank, e.rec.ts)
     loading = _during_load(recs, _index(recs, e.rec))
+    if e.label == "bound-unit":  # systemd stopped it for a unit it is bound to (an engine's weight-cache daemon)
+        from specdeploy.triage.signatures import GENERIC
+        ev[0]["why"] = "systemd stopped the unit because the unit it is bound to (BindsTo=) went away"
+        fix = next(f for n, _, _, f in GENERIC if n == "bound-unit-stopped")
+        return Triage("killed", e.text, None, t[0], "bound-unit-stopped", fix, HIGH, t[1], t[2], ev)
     if name in ("SIGTERM", "SIGINT") and requests:
         nxt = "The engine was asked to stop and was stopped by a signal; nothing failed."
         return Triage("clean-shutdown", None, None, t[0], None, None, None, t[1], t[2], ev,

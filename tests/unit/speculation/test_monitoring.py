@@ -177,6 +177,11 @@ def test_every_panel_returns_data_from_real_prometheus(tmp_path):
     rank1.connect(("127.0.0.2", rdv_port))
     group = ("--group-port", str(rdv_port), "--group-rank", "rank1-host=127.0.0.6", "--group-rank",
              "rank2-host=127.0.0.7")
+    # the vLLM host's engine attaches to a weight-cache daemon: its health (any 200 answers) and the deploy's record
+    record = tmp_path / "weight-cache.json"
+    record.write_text(json.dumps({"daemon": {"load_s": 1830.0, "memory_gib_per_rank": 70.1},
+                                  "engine": {"ready_s": 41.5, "attached": True, "disk_fallback": False}}))
+    group += ("--weight-cache-health", f"http://127.0.0.2:{dcgm_port}/health", "--weight-cache-record", str(record))
     try:
         for engine, addr in hosts.items():
             ep, xp = free_port(addr), free_port(addr)
