@@ -536,6 +536,7 @@ class SimBehaviour:
     served_option: str = "served_model_name"  # the option that names the served model (else the model path)
     health_generates: bool = False  # health endpoints answer 503 until loaded, then run a one-token generation
     metrics_option: str | None = None  # /metrics is served only when this option is set
+    weight_cache = None  # engines.weightcache.SimWeightCache: its weight-cache daemon and the attach, where it has one
 
     def rank(self, opts: dict) -> SimRank | None:
         """The serving-group rank the parsed options describe, or None for a host that serves alone."""

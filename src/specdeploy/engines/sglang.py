@@ -386,7 +386,9 @@ class SGLang(EngineAdapter):
                 if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_RESERVED_ALIASES"
                                                         for t in node.targets):
                     algos |= set(strings(node.value))
-        return {"flags": sorted(flags), "spec_methods": sorted(algos)}
+        daemon = srt / "weight_cache" / "daemon.py"  # the weight-cache daemon's own flags (beside the server's)
+        return {"flags": sorted(flags), "spec_methods": sorted(algos),
+                "daemon_flags": sorted(flag_literals(daemon)) if daemon.exists() else []}
 
     @classmethod
     def eagle3_targets_from_source(cls, root) -> tuple[set[str], None]:

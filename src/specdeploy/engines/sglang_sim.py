@@ -8,6 +8,7 @@ import random
 import time
 
 from specdeploy.engines.base import SimBehaviour, SimRank, SimReject
+from specdeploy.engines.sglang_wcsim import SGLangWeightCacheSim
 
 
 class SGLangSim(SimBehaviour):
@@ -16,6 +17,7 @@ class SGLangSim(SimBehaviour):
     --enable-metrics, and a scheduler crash log."""
 
     argv_head = ("python", "-m", "sglang.launch_server")
+    weight_cache = SGLangWeightCacheSim()
     usage = "usage: python -m sglang.launch_server --model-path PATH [options]"
     prog = "launch_server"
     booleans = frozenset({"--trust-remote-code", "--enable-metrics", "--enable-dp-attention",

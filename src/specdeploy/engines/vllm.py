@@ -448,8 +448,14 @@ class VLLM(EngineAdapter):
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith(("ModelTypes", "Method"))
                                                     for t in node.targets):
                 methods |= set(strings(node.value))
+        # the weight-cache daemon's launcher flags (`vllm preload`, or the 0.30.0 module's own parser)
+        daemon: set[str] = set()
+        for f in (vl / "entrypoints" / "cli" / "preload.py", vl / "model_executor" / "model_loader" / "weight_cache"
+                  / "daemon.py"):
+            if f.exists():
+                daemon |= {x for x in flag_literals(f) if x.startswith("--weight-cache-") or f.name == "preload.py"}
         return {"flags": sorted(flags), "spec_keys": sorted(class_fields(spec, lambda c: c == "SpeculativeConfig")),
-                "spec_methods": sorted(methods)}
+                "spec_methods": sorted(methods), "daemon_flags": sorted(daemon)}
 
     @classmethod
     def eagle3_targets_from_source(cls, root) -> tuple[set[str], list[str] | None]:

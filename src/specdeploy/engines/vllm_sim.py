@@ -10,6 +10,7 @@ from pathlib import Path
 from specdeploy.engines import eagle3_targets as e3
 from specdeploy.engines.base import SimBehaviour, SimRank, SimReject
 from specdeploy.engines.vllm_tables import SPEC_KEYS
+from specdeploy.engines.vllm_wcsim import VLLMWeightCacheSim
 
 
 class VLLMSim(SimBehaviour):
@@ -17,6 +18,7 @@ class VLLMSim(SimBehaviour):
     VLLM_API_KEY, spec-decode counters, and a multi-worker crash log."""
 
     argv_head = ("vllm", "serve")
+    weight_cache = VLLMWeightCacheSim()
     positional_model = True
     # As vLLM 0.32.0 reports a bad command line (read on the real CPU build): argparse's usage, then the error;
     # unknown flags are reported by the top-level `vllm` parser.

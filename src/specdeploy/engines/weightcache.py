@@ -216,3 +216,72 @@ def health(spec: str, timeout: float = 2.0) -> tuple[bool, str]:
             pass  # alive, another user's
         alive += 1
     return alive >= want, f"{alive} of {want} ranks ready ({len(files)} ready files)"
+
+
+class SimWeightCache:
+    """How the engine simulator plays an engine's weight-cache daemon and an engine attached to it (the generic part
+    is testing/simcache.py); an adapter's ``SimBehaviour.weight_cache`` answers from the release's tables and says
+    it in the release's words. None of it runs a GPU: sockets carry JSON between the simulated processes."""
+
+    head: tuple[str, ...] = ()  # the daemon's launcher on a command line
+    model_option = "model"      # the parsed option that names the checkpoint
+
+    def local_ranks(self, opts: dict) -> int:
+        raise NotImplementedError
+
+    def socket_path(self, opts: dict, env, uuid: str, draft: bool = False) -> str:
+        raise NotImplementedError
+
+    def ready_path(self, opts: dict, env, uuid: str) -> str | None:
+        return None
+
+    def health(self, opts: dict) -> tuple[str, int] | None:
+        """(host, port) of the daemon's /health, where the release serves one."""
+        return None
+
+    def daemon_refusal(self, version: str, opts: dict, env) -> str | None:
+        """What the release's launcher refuses before it loads anything (its exception line), or None."""
+        return None
+
+    def quant_refusal(self, version: str, quant: str, where: str) -> str | None:
+        """The exception line with which the daemon (``where`` "daemon") or an attached engine ("client") refuses a
+        checkpoint of this quantization, or None where it takes it."""
+        return None
+
+    def key(self, version: str, opts: dict, model_dir: str, rank: int, draft: bool = False) -> dict:
+        """What the release fingerprints of the weights one rank serves (its WeightCacheKey / CacheConfig)."""
+        raise NotImplementedError
+
+    def attach(self, version: str, opts: dict, env) -> dict | None:
+        """How an engine command line attaches: {"socket_dir", "fallback", "timeout_s", "draft": bool} or None
+        when it loads from disk. Raises SimReject for what the release refuses on its command line."""
+        return None
+
+    def daemon_lines(self, rank: int, memory_gib: float, socket: str) -> list[str]:
+        return []
+
+    def daemon_ready_lines(self, ranks: int, sockets: str) -> list[str]:
+        return []
+
+    def attached_lines(self, ranks: int, tensors: int, seconds: float) -> list[str]:
+        return []
+
+    def fallback_lines(self, why: str) -> list[str]:
+        return []
+
+    def failure(self, why: str) -> str:
+        """The engine's log when it cannot attach and does not fall back (the release's exception, its wrapper)."""
+        return why + "\n"
+
+    def refusal_line(self, kind: str, path: str, detail, cfg: dict) -> str:
+        """The exception an attached engine raises when its daemon is ``absent`` (no socket), ``refused`` (a socket
+        nothing answers) or reports a ``mismatch`` (``detail``: the fields)."""
+        return f"RuntimeError: weight cache {kind} at {path}: {detail}"
+
+    def falls_back(self, kind: str, cfg: dict) -> bool:
+        """Whether the release loads from disk instead, for this kind of failure and this configuration."""
+        return bool(cfg.get("fallback"))
+
+    def watches_daemon(self, version: str) -> str | None:
+        """The line an attached engine prints when its daemon dies, where the release kills the engine then."""
+        return None

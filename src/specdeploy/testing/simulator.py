@@ -63,13 +63,19 @@ def parse_argv(engine: str, version: str, argv: list[str]) -> dict:
     facts = engine_facts.recorded(engine, version)
     sb = adapter.simulation()
 
+    wc = sb.weight_cache  # the weight-cache daemon's launcher takes the engine's flags and its own
+    daemon = wc is not None and bool(wc.head) and argv[:len(wc.head)] == list(wc.head)
+
     def known(flag: str) -> bool:  # the real release's flags where recorded, else specdeploy's table
+        if daemon and facts and flag in facts.get("daemon_flags", ()):
+            return True
         return flag in facts["flags"] if facts else adapter.flag_exists(flag)
-    head = list(sb.argv_head)
-    if argv[:len(head)] != head or (sb.positional_model and len(argv) <= len(head)):
+    head = list(wc.head) if daemon else list(sb.argv_head)
+    positional = sb.positional_model and not daemon
+    if argv[:len(head)] != head or (positional and len(argv) <= len(head)):
         raise ArgError(sb.usage)
-    opts: dict = {"model": argv[len(head)]} if sb.positional_model else {}
-    rest, prog = argv[len(head) + int(sb.positional_model):], sb.prog
+    opts: dict = {"model": argv[len(head)]} if positional else {}
+    rest, prog = argv[len(head) + int(positional):], sb.prog
     usage = sb.usage + "\n" if sb.usage_on_error else ""
     i = 0
     unknown = []
@@ -358,16 +364,20 @@ def bootstrap_handler(sim: Sim):
     return B
 
 
-def load_progress(engine: str, load_s: float, shards: int = 64, graphs: int = 20):
+def load_progress(engine: str, load_s: float, shards: int = 64, graphs: int = 20, weights: bool = True,
+                  capture: bool = True):
     """The load-progress lines the engines print (tqdm over weight shards, the KV cache allocation, CUDA graph
-    capture), spread over the simulated load time: 70% weights, 30% graphs."""
+    capture), spread over the simulated load time: 70% weights, 30% graphs. A weight-cache daemon loads the weights
+    only (``capture`` False); an engine attached to one skips them (``weights`` False)."""
     sb = get(engine).simulation()
     t_shard, t_graph = 0.7 * load_s / shards, 0.3 * load_s / graphs
-    for i in range(shards + 1):
+    for i in range(shards + 1) if weights else ():
         print(f"Loading safetensors checkpoint shards: {100 * i // shards:3d}% Completed | {i}/{shards} "
               f"[00:{int(i * t_shard):02d}<00:00, {1 / max(t_shard, 1e-3):.2f}it/s]", flush=True)
         if i < shards:
             time.sleep(t_shard)
+    if not capture:
+        return
     for line in sb.kv_lines:
         print(line, flush=True)
     for i in range(graphs + 1):
@@ -476,6 +486,9 @@ class Group:
 
 
 def run(engine: str, version: str, argv: list[str]) -> int:
+    from specdeploy.testing import simcache
+    if simcache.is_daemon(engine, argv):  # the engine's weight-cache daemon (testing/simcache.py)
+        return simcache.run_daemon(engine, version, argv)
     try:
         opts = parse_argv(engine, version, argv)
     except ArgError as exc:
@@ -495,7 +508,12 @@ def run(engine: str, version: str, argv: list[str]) -> int:
     group = sim.group = Group(rank, sim.behaviour) if rank is not None and rank.size > 1 else None
     if group:
         group.start()
-    load_progress(engine, sim.load_s)
+    try:  # an engine attached to its weight-cache daemon maps the weights instead of loading them
+        got = simcache.attach(engine, version, opts)
+    except ArgError as exc:
+        print(str(exc), file=sys.stderr, flush=True)
+        return exc.exit_code
+    load_progress(engine, sim.load_s, weights=got != "attached")
     if os.environ.get("SPECDEPLOY_SIM_CRASH") == "load":
         sys.stderr.write(sim.behaviour.crash_log(version, sim.served, sim.k, tp))
         sys.stderr.flush()
