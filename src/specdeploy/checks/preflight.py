@@ -74,6 +74,68 @@ def engine_findings(hv: HostVars, target: TargetModel | None, drafter_fmt: str |
     adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)
     rep.extend(adapter.target_method_problems(hv, target, host))
     adapter.preflight(hv, target, drafter_fmt, rep, host)
+    weight_cache_findings(hv, target, rep, host)
+
+
+def weight_cache_findings(hv: HostVars, target: TargetModel | None, rep: Report, host: str):
+    """Whether the engine's restarts attach to a weight-cache daemon (the same answer the plan renders from), and
+    if so whether the daemon's weights and the engine's own budget fit on each GPU; where not, why, and what keeps
+    restarts as cheap as the host allows."""
+    from specdeploy.engines.weightcache import DAEMON_OVERHEAD_GIB, ENGINE_CONTEXT_GIB, quant_kind
+    adapter = get_adapter(hv.specdeploy_engine, hv.specdeploy_engine_version)
+    quant = quant_kind(target.config) if target is not None else None
+    s = adapter.weight_cache_support(hv, quant)
+    mode = hv.specdeploy_weight_cache
+    warm = ("the deploy reads the checkpoint into the host's page cache before each restart where the host's "
+            "memory holds it (specdeploy_page_cache_warm)") if hv.specdeploy_page_cache_warm else \
+        "specdeploy_page_cache_warm is off"
+    if mode == "off":
+        rep.add("info", "specdeploy_weight_cache", f"off: every engine restart loads the checkpoint ({warm})",
+                host=host)
+        return
+    if s.ok is not True and not (mode == "on" and s.ok is None):
+        if s.ok is None:
+            later = ("set specdeploy_model_config_copy to a copy of the model's config files (its quantization "
+                     "decides), or specdeploy_weight_cache: on")
+        elif s.first_rendered and not adapter._wc_rendered():
+            later = f"pin {adapter.label} >= {s.first_rendered}"
+        else:
+            later = "none needed; restarts load from disk"
+        if mode == "on":
+            rep.add("error", "specdeploy_weight_cache", f"is on, but {s.why}",
+                    "set specdeploy_weight_cache: auto (off where it cannot be used)", host)
+            return
+        rep.add("warning", "weight cache", f"none: {s.why}. Every engine restart (the gate's two runs, a regate, a "
+                f"canary, a flag change, a crash) is a full load; {warm}", later, host)
+        return
+    if s.ok is None:  # on, with the checkpoint unread: the plan renders it, the engine is the judge
+        rep.add("warning", "weight cache", f"on, but {s.why}: whether the daemon can hold it is not checked here",
+                "set specdeploy_model_config_copy to a copy of the model's config files", host)
+    prof = hv.profile()
+    total = prof.gpu_memory_gib
+    f = adapter.memory_fraction(hv, True)
+    low = f"; rendered {f:g} instead of {hv.specdeploy_gpu_memory_utilization:g} to leave the daemon's overhead " \
+        "room" if f < hv.specdeploy_gpu_memory_utilization else ""
+    if target is None:
+        rep.add("info", "weight cache", f"the engine attaches to its weight-cache daemon (memory not accounted: no "
+                f"config.json read){low}", host=host)
+        return
+    weights, how = target.weight_bytes()
+    w = weights / hv.tp / GIB
+    own = f * total - w
+    text = (f"the weight-cache daemon holds {w:.1f} GiB per GPU ({how}, TP {hv.tp}); the engine's budget "
+            f"{f:g} x {total:g} GiB = {f * total:.1f} GiB counts them, leaving {own:.1f} GiB for its KV cache, "
+            f"activations and CUDA graphs; outside it: the daemon's overhead (~{DAEMON_OVERHEAD_GIB:g} GiB, an "
+            f"estimate) and the engine's context (~{ENGINE_CONTEXT_GIB:g} GiB){low}")
+    if own <= 0:  # the weights alone fill the budget: "GPU memory" says so, unless the lowered fraction did it
+        if low:
+            rep.add("error", "weight cache memory", f"does not fit: {text}",
+                    "raise specdeploy_tensor_parallel_size, or set specdeploy_weight_cache: off", host)
+        return
+    drafter = " The drafter loads from disk with the engine." if hv.uses_drafter else ""
+    rep.add("info", "weight cache", f"{s.why}: an engine restart maps the weights; a change of weights, "
+            f"quantization, layout or release restarts the daemon (a full load). {text[0].upper()}{text[1:]}."
+            f"{drafter}", host=host)
 
 
 def model_findings(hv: HostVars, target: TargetModel, rep: Report, host: str):

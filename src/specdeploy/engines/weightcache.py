@@ -107,10 +107,9 @@ class WeightCacheAdapter:
         first, rendered = self.weight_cache_first()
         label = f"{self.label} {self.version}"
         if not self._wc_has("daemon"):
-            where = f"the first {self.label} release with one is {first}" if first else \
-                f"no {self.label} release specdeploy knows has one"
-            return Support(False, f"{label} has no weight-cache daemon ({where}): every engine restart loads the "
-                           "checkpoint from disk", first, rendered)
+            where = (f"the first {self.label} release with one is {first}; specdeploy attaches engines to it from "
+                     f"{rendered}") if first else f"no {self.label} release specdeploy knows has one"
+            return Support(False, f"{label} has no weight-cache daemon ({where})", first, rendered)
         if self.weight_cache_rendered is None or not self.weight_cache_rendered.contains(self.version):
             return Support(False, f"{label} has a weight-cache daemon, but specdeploy attaches engines to it from "
                            f"{self.label} {rendered} ({self.weight_cache_rendered_why})", first, rendered)
