@@ -79,6 +79,9 @@ class Signature:
     confidence: str
     pattern: Any  # a compiled re.Pattern
     fix: str
+    # the engine says it on a line of its own, with neither an exception type nor an error level (SGLang's logger
+    # prints no level): triage takes such a line as evidence (an error line)
+    line: bool = False
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ SIGNATURES = (
               re.compile(r"Weight cache daemon \(pid=\d+\) died while this engine holds its weights"),
               "The weight-cache daemon (specdeploy-sglang-weights.service) went away while the engine mapped its "
               "weights, and the engine killed itself as the release does: `journalctl -u specdeploy-sglang-weights` "
-              "says why the daemon ended; starting the engine starts the daemon first (a full load)."),
+              "says why the daemon ended; starting the engine starts the daemon first (a full load).", line=True),
     Signature("weight-cache-refused-connection", "high",
               re.compile(r"\[IpcModelLoader\] Daemon socket exists at \S+ but refused the connection"),
               "The weight-cache daemon's socket is there but nothing answers (the daemon crashed after binding it): "

@@ -48,6 +48,10 @@ FLAGS = {f: Span() for f in (
     "--tool-call-parser", "--reasoning-parser", "--watchdog-timeout",
     "--dist-timeout", "--page-size", "--moe-runner-backend")}
 FLAGS["--config"] = CAPABILITIES["config_file"]
+# what shapes the weights a weight-cache daemon holds (its CacheConfig) or places its ranks on the engine's GPUs: the
+# daemon gets them with the engine (in 0.5.1 and 0.5.23)
+FLAGS.update({f: Span() for f in ("--dtype", "--quantization", "--revision", "--base-gpu-id", "--gpu-id-step",
+                                  "--moe-a2a-backend")})
 FLAGS.update({f: Span() for f in LAYOUT_FLAGS})
 FLAGS["--attn-dp-size"] = CAPABILITIES["attn_dp_size"]
 FLAGS["--dp-size"] = Span()

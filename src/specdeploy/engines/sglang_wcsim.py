@@ -17,7 +17,8 @@ READY_TEMPLATE = "/tmp/sglang_weight_cache_{device_uuid}.ready"
 
 
 def _log(level: str, msg: str) -> str:
-    return f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {level} {msg}"
+    """One record as SGLang's logger prints it (``[%(asctime)s TPn] %(message)s``: no level)."""
+    return f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}"
 
 
 def _template(env, name: str, default: str) -> str:

@@ -59,6 +59,10 @@ FLAGS = {
         "--compilation-config", "--data-parallel-size", "--enable-eplb", "--load-format",
         "--enforce-eager")},
     "--language-model-only": Span("0.17.0"),
+    # what shapes the weights a weight-cache daemon holds (WeightCacheKey): the daemon gets them with the engine
+    **{f: Span() for f in ("--dtype", "--quantization", "--revision", "--hf-overrides",
+                           "--expert-placement-strategy")},
+    "--moe-backend": Span("0.17.0"),
 }
 
 # Serving layouts (values.topology), read from the release sources (docs/topology.md): multi-node TP with the mp
@@ -311,7 +315,7 @@ WEIGHT_CACHE_ENGINE_FLAGS = (
     "--tensor-parallel-size", "--enable-expert-parallel", "--trust-remote-code", "--nnodes", "--node-rank",
     "--master-addr", "--data-parallel-size", "--data-parallel-size-local", "--data-parallel-start-rank",
     "--data-parallel-address", "--dtype", "--quantization", "--revision", "--hf-overrides", "--kv-cache-dtype",
-    "--language-model-only", "--moe-backend",
+    "--language-model-only", "--moe-backend", "--expert-placement-strategy",
 )
 # The launcher's own flags specdeploy renders (preload.py add_argument)
 WEIGHT_CACHE_FLAGS = {f: Span("0.31.0") for f in (

@@ -263,8 +263,7 @@ def _watchdog(pid: int, line: str, poll_s: float = 5.0) -> None:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            print(time.strftime("[%Y-%m-%d %H:%M:%S] CRITICAL ") + line.format(pid=pid), file=sys.stderr,
-                  flush=True)
+            print(time.strftime("[%Y-%m-%d %H:%M:%S] ") + line.format(pid=pid), file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         except PermissionError:
             pass

@@ -295,6 +295,8 @@ def _stream(body, out: list[Evidence]) -> None:
                     elif label in MERGE_NEXT:
                         merge = found
                     break
+        if found is None and not DUMP.search(t) and _engine_line(t):  # an engine's error said on a line of its own
+            found = Evidence("error-line", "engine", t[:2000], r, i)
         if found is None and not (continuation and r.level is None) and ("Error" in t or "Exception" in t):
             tail = TYPE_END.search(t)
             em = EMBEDDED.search(t, max(0, tail.start() - 200)) if tail else None
@@ -311,6 +313,19 @@ def _stream(body, out: list[Evidence]) -> None:
             out.append(found)
             if found.kind != "exception":
                 cur = found if found.kind in ("error-line", "device") else None
+
+
+_ENGINE_LINES = None
+
+
+def _engine_line(t: str) -> bool:
+    """The line matches an engine's signature that the engine says on a line of its own (``Signature.line``)."""
+    global _ENGINE_LINES
+    if _ENGINE_LINES is None:
+        from specdeploy.engines import adapters
+        rx = [s.pattern.pattern for a in adapters() for s in a.triage_signatures if s.line]
+        _ENGINE_LINES = re.compile("|".join(f"(?:{x})" for x in rx)) if rx else re.compile(r"(?!)")
+    return bool(_ENGINE_LINES.search(t))
 
 
 def collect(recs: list[Record]) -> list[Evidence]:

@@ -20,14 +20,14 @@ ULIMITS = {"stack": "67108864"}
 
 
 def container_spec(hv: HostVars, image: str, name: str, rw_mounts: tuple[str, ...] = (),
-                   host_pid: bool = False) -> dict:
+                   host_pid: bool = False, drafter: bool = True) -> dict:
     """What every container of this host's engine gets (the engine unit, NCCL tuning): image, GPUs, IPC,
     network, ulimits and the read-only model and drafter mounts. One place, two renderings: ``docker run``
     argv (:func:`docker_run_argv`) and community.docker.docker_container parameters (:func:`container_params`)."""
     mounts = [(hv.specdeploy_model_path, True)]
-    drafter = converted_drafter_path(hv)
-    if drafter:
-        mounts.append((drafter, True))
+    drafter_path = converted_drafter_path(hv) if drafter else None  # a weight-cache daemon has no drafter
+    if drafter_path:
+        mounts.append((drafter_path, True))
     # written by the engine and its weight-cache daemon: the compile caches, the daemon's sockets
     mine = tuple(m for m in (compile_cache_dir(hv), weight_cache_sockets(hv)) if m)
     mounts += [(m, False) for m in dict.fromkeys(mine + tuple(rw_mounts))]
@@ -74,7 +74,7 @@ def container_params(spec: dict, entry: str, args: list[str], env: dict[str, str
 
 def exec_argv(hv: HostVars, argv: list[str], image: str | None, secret_env: bool = False,
               unit: str | None = None, env_file: str | None = None, rw_mounts: tuple[str, ...] = (),
-              host_pid: bool = False) -> list[str]:
+              host_pid: bool = False, drafter: bool = True) -> list[str]:
     """Wrap the engine command for the runtime: docker run, or the host venv (the simulator's on a sandbox host).
     ``secret_env``: the engine takes its API key from the environment (a second, 0600 env file). ``unit`` and
     ``env_file``: another unit of the engine's (its weight-cache daemon) than the engine's own; ``rw_mounts``:
@@ -97,8 +97,8 @@ def exec_argv(hv: HostVars, argv: list[str], image: str | None, secret_env: bool
     if any(CRED_TOKEN in a for a in inner):
         volumes.append(f"{CRED_TOKEN}:/run/specdeploy-credentials:ro")
         inner = [a.replace(CRED_TOKEN, "/run/specdeploy-credentials") for a in inner]
-    return docker_run_argv(container_spec(hv, image, name, rw_mounts, host_pid), env_files, inner[0], inner[1:],
-                           volumes)
+    return docker_run_argv(container_spec(hv, image, name, rw_mounts, host_pid, drafter), env_files, inner[0],
+                           inner[1:], volumes)
 
 
 def engine_image(hv: HostVars) -> str | None:

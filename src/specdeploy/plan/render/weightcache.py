@@ -82,7 +82,7 @@ def daemon_files(host: str, hv: HostVars, rank, env: dict[str, str], image: str 
     if "expandable_segments:true" in denv.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower():
         # its memory cannot be exported over CUDA IPC (the daemon refuses it); the engine may keep it
         denv.pop("PYTORCH_CUDA_ALLOC_CONF")
-    execv = exec_argv(hv, d.argv, image, unit=unit, env_file=env_path)
+    execv = exec_argv(hv, d.argv, image, unit=unit, env_file=env_path, drafter=False)
     docker = hv.specdeploy_runtime == "docker"
     from specdeploy.plan.render.paths import SERVICE_USER, STATE_DIR
     files = {
