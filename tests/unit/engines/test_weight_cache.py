@@ -180,7 +180,8 @@ def test_memory_fraction_leaves_the_daemons_overhead_room():
 def test_the_longest_socket_path_fits_a_unix_socket():
     from specdeploy.values.hostpaths import SOCKET_PATH_MAX, host_path
     vllm = f"{host_path('weight_cache_sockets', 'vllm')}/vllm_weight_cache_{'0' * 32}_draft.sock"
-    sglang = f"{host_path('weight_cache_sockets', 'sglang')}/GPU-{'0' * 8}-{'0' * 4}-{'0' * 4}-{'0' * 4}-{'0' * 12}.ready"
+    uuid = f"GPU-{'0' * 8}-{'0' * 4}-{'0' * 4}-{'0' * 4}-{'0' * 12}"  # nvidia-smi's form
+    sglang = f"{host_path('weight_cache_sockets', 'sglang')}/{uuid}.ready"
     assert len(vllm.encode()) <= SOCKET_PATH_MAX and len(sglang.encode()) <= SOCKET_PATH_MAX
 
 
