@@ -317,10 +317,10 @@ WEIGHT_CACHE_ENGINE_FLAGS = (
     "--data-parallel-address", "--dtype", "--quantization", "--revision", "--hf-overrides", "--kv-cache-dtype",
     "--language-model-only", "--moe-backend", "--expert-placement-strategy",
 )
-# The launcher's own flags specdeploy renders (preload.py add_argument)
-WEIGHT_CACHE_FLAGS = {f: Span("0.31.0") for f in (
-    "--weight-cache-socket-dir", "--weight-cache-master-port", "--weight-cache-health-port",
-    "--weight-cache-health-host")}
+# The launcher's own flags specdeploy renders (the 0.30.0 module's parser, then preload.py): the health endpoint
+# arrives with `vllm preload`
+WEIGHT_CACHE_FLAGS = {"--weight-cache-socket-dir": Span("0.30.0"), "--weight-cache-master-port": Span("0.30.0"),
+                      "--weight-cache-health-port": Span("0.31.0"), "--weight-cache-health-host": Span("0.31.0")}
 # --model-loader-extra-config keys of the ipc_cache loader (IpcModelLoader.__init__ refuses any other)
 WEIGHT_CACHE_LOADER_KEYS = {k: Span("0.30.0") for k in (
     "socket_path", "socket_dir", "mode", "fallback", "connect_timeout_s", "state_timeout_s")}

@@ -77,8 +77,9 @@ def is_daemon(engine: str, argv: list[str]) -> bool:
     return wc is not None and bool(wc.head) and argv[:len(wc.head)] == list(wc.head)
 
 
-def run_daemon(engine: str, version: str, argv: list[str], env=os.environ) -> int:
-    from specdeploy.testing.simulator import load_progress, parse_argv
+def run_daemon(engine: str, version: str, argv: list[str], parse_argv, load_progress, env=os.environ) -> int:
+    """The daemon of ``argv``; ``parse_argv`` and ``load_progress``: the simulator's (its command-line checks against
+    the release's facts, its load-progress lines)."""
     wc = get(engine).simulation().weight_cache
     try:
         opts = parse_argv(engine, version, argv)

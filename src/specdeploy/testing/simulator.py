@@ -488,7 +488,7 @@ class Group:
 def run(engine: str, version: str, argv: list[str]) -> int:
     from specdeploy.testing import simcache
     if simcache.is_daemon(engine, argv):  # the engine's weight-cache daemon (testing/simcache.py)
-        return simcache.run_daemon(engine, version, argv)
+        return simcache.run_daemon(engine, version, argv, parse_argv, load_progress)
     try:
         opts = parse_argv(engine, version, argv)
     except ArgError as exc:
