@@ -25,10 +25,26 @@ from specdeploy.triage import triage_lines
 FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _reap():
+    """Every simulated process a test started is gone after it, however the test ended."""
+    yield
+    while STARTED:
+        p = STARTED.pop()
+        if p.poll() is None:
+            p.kill()
+            p.communicate(timeout=10)
+
+
 def sim(engine, version, argv, env, **kw):
-    return subprocess.Popen([sys.executable, "-m", "specdeploy.cli", "simulate", "--engine", engine, "--version",
-                             version, "--", *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, **kw)
+    p = subprocess.Popen([sys.executable, "-m", "specdeploy.cli", "simulate", "--engine", engine, "--version",
+                          version, "--", *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, **kw)
+    STARTED.append(p)
+    return p
 
 
 def run(engine, version, argv, env, timeout=60):
