@@ -90,6 +90,10 @@ class LoadLog:
     graphs: Any = None
     graphs_done: Any = None
     ready: Any = None
+    # for triage: lines that show a start or a load under way, and lines besides ``ready`` that show the engine
+    # serves (pattern text, matched without regard to case)
+    starting: str = ""
+    serving: str = ""
 
 
 @dataclass(frozen=True)
