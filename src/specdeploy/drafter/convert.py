@@ -91,6 +91,11 @@ def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, v
         want = facts["convert_archs"].get(d.fmt) or facts["convert_archs"]["llama"]
         actions.append(f"architectures {cfg.get('architectures')} -> [{want}]")
         cfg["architectures"] = [want]
+    if any(f.subject == "model_type" for f in pre.errors):
+        want = facts["convert_model_types"][d.fmt]
+        actions.append(f"model_type {cfg.get('model_type')!r} -> {want!r} ({a.label} {version} rewrites the former "
+                       "into its MTP drafter's config)")
+        cfg["model_type"] = want
     as_speculators = d.fmt == "speculators" and facts["reads_speculators"]
     layer_cfg = cfg["transformer_layer_config"] if as_speculators else cfg
     have = d.tensor_layers()

@@ -8,6 +8,7 @@ from specdeploy.engines import EngineAdapter, get, get_adapter, names
 from specdeploy.values.errors import Report
 from specdeploy.checkpoint.modelcfg import TargetModel
 from specdeploy.checkpoint.safetensors_io import BIN_CONVERT, read_array
+from specdeploy.drafter import mla
 from specdeploy.drafter.head import check_head, fc_shape
 from specdeploy.drafter.model import (
     CONVERT,
@@ -36,6 +37,8 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
         return rep
     target = TargetModel.load(target_dir)
     d = Drafter.load(drafter_dir)
+    if d.fmt == "mla":
+        a = mla.view(a)  # the MLA head's table where the release's MLA loader was read
     run, why = model_runner(target, engine, version, runner)
     rep.add("info", "engine", f"rules of {engine} {version}" + (
         f", model runner {run.upper()} ({why})" if run else "" if run == "" else f", model runner not known ({why})"))
@@ -46,11 +49,14 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
         _check_target(target, a, rep, _aux_asked(d, a))
     if not _check_format(d, a, rep):
         return rep
+    _check_model_type(d, a, rep)
+    if d.fmt == "mla":
+        mla.check(d, a, rep)
     _check_sizes(d, target, rep)
     head = check_head(d, target, a, rep)  # the switches always; the tensor names when there are tensors
     if d.tensors:
         _check_layers(d, a, rep)
-        _check_shapes(d, rep)
+        _check_shapes(d, rep, head)
         _check_lm_head(d, target, a, rep)
         _check_vocab(d, target, rep, a)
         _check_names(d, a, rep)
@@ -238,11 +244,12 @@ def _shape(d: Drafter, *names):
     return None, None
 
 
-def _check_shapes(d: Drafter, rep: Report):
+def _check_shapes(d: Drafter, rep: Report, head=None):
     h = d.hidden
     if d.fmt == "mla":
-        fc_shape(d, 3, rep)  # the MLA head fuses three; its q_a/kv_a/... are checked by the engine's own loader
-        return
+        if head is None:  # a release whose MLA head was not read: fc at least (it fuses three)
+            fc_shape(d, 3, rep)
+        return  # head.check_head compares every MLA parameter
     heads, hd = d.heads, d.head_dim
     kv = d._int("num_key_value_heads", d.layer) or heads
     inter = d._int("intermediate_size", d.layer)
@@ -303,7 +310,7 @@ def _check_lm_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report):
                 "vocabulary is the target's)")
         return
     from_target = a.DRAFTER.get("lm_head_from_target_without_draft_vocab_size")
-    if d.fmt == "mla" or from_target is None or not from_target.contains(a.version):
+    if (d.fmt == "mla" and not a.DRAFTER.get("read")) or from_target is None or not from_target.contains(a.version):
         what = f"{a.label}'s MLA drafter" if d.fmt == "mla" else f"{a.label} {a.version}"
         rep.add("warning", "lm_head.weight", f"not in the checkpoint: whether {what} takes the "
                 "target's lm_head is not verified", "include lm_head.weight"
@@ -434,6 +441,13 @@ def _check_no_aux(d: Drafter, a: EngineAdapter, run, why: str, rep: Report):
                 "set eagle_config.use_aux_hidden_state: true (or remove the key) if the drafter was trained with "
                 "aux states")
         return
+    if a.DRAFTER.get("fc_runs_without_aux"):
+        rep.add("error", key, f"false: {a.label} {a.version} then captures no aux hidden states, but its MLA head "
+                "runs fc on whatever it gets (combine_hidden_states has no such switch): fc takes "
+                f"{aux_count_text(d)} the hidden size and gets one, so the engine stops at its first draft",
+                "serve this head with SGLang, whose MLA head skips fc for one hidden state, or use a head trained "
+                "with aux states")
+        return
     v2 = a.DRAFTER.get("v2_aux_for_every_head")
     if v2 is not None and v2.contains(a.version) and run in ("v2", None):
         fix = (f"serve it on the V1 runner (specdeploy_engine_env: {{VLLM_USE_V2_MODEL_RUNNER: '0'}}), or use "
@@ -448,6 +462,26 @@ def _check_no_aux(d: Drafter, a: EngineAdapter, run, why: str, rep: Report):
         return
     rep.add("info", key, f"false: {a.label} captures no aux hidden states for this head (it drafts from the "
             "target's last hidden state), so no aux layer ids apply")
+
+
+def aux_count_text(d: Drafter) -> str:
+    fc = d.tensors.get("fc.weight")
+    n = fc.shape[1] // d.target_hidden if fc is not None and len(fc.shape) == 2 and d.target_hidden else 3
+    return f"{n} times"
+
+
+def _check_model_type(d: Drafter, a: EngineAdapter, rep: Report):
+    """A draft config whose model_type the release rewrites into its MTP drafter's config (SpeculativeConfig.
+    hf_config_override runs on every draft model config, EAGLE-3 included)."""
+    mt = d.config.get("model_type")
+    span = a.DRAFTER.get("mtp_rewritten_model_types", {}).get(mt) if isinstance(mt, str) else None
+    if d.fmt == "speculators" or span is None or not span.contains(a.version):
+        return
+    want = a.DRAFTER["convert_model_types"][d.fmt]
+    rep.add("error", "model_type", f"{mt!r}: {a.label} {a.version} rewrites a draft config of this model type into "
+            "its MTP drafter's (architectures replaced by the MTP class), so method eagle3 finds no EAGLE-3 class "
+            "for it and the engine refuses to start", CONVERT.format(engine=a.name) + f" (writes model_type: {want}, "
+            "a type the release keeps as written)")
 
 
 def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Report, runner: str | None = None):
@@ -504,9 +538,10 @@ def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Repor
 
 def _check_norm(d: Drafter, a: EngineAdapter, rep: Report):
     nbr = d.norm_before_residual(a.name)
-    if a.DRAFTER.get("norm_before_residual") is False and d.fmt in ("llama", "speculators") and nbr:
+    if a.DRAFTER.get("norm_before_residual") is False and d.fmt in ("llama", "speculators", "mla") and nbr:
         why = "" if "norm_before_residual" in d.config else " (speculators configs default it to True)"
-        rep.add("error", "norm_before_residual", f"True{why}, but {a.label}'s Llama EAGLE-3 drafter implements only "
+        kind = "MLA" if d.fmt == "mla" else "Llama"
+        rep.add("error", "norm_before_residual", f"True{why}, but {a.label}'s {kind} EAGLE-3 drafter implements only "
                 "False: the drafter would run with the wrong residual math",
                 f"serve this drafter with {a.drafter_fallback}")
 
