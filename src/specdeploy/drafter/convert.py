@@ -107,7 +107,8 @@ def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, v
         actions.append("tie_word_embeddings true -> false: the drafter has its own trained lm_head.weight")
     head_rows = d.tensors["lm_head.weight"].shape[0] if "lm_head.weight" in d.tensors and \
         len(d.tensors["lm_head.weight"].shape) == 2 else None
-    if any(f.subject == "lm_head.weight" and is_convertible(f) for f in pre.errors):
+    if any(f.subject == "lm_head.weight" and f.severity in ("error", "warning") and is_convertible(f)
+           for f in pre.findings):
         if head_rows is None:
             cfg.pop("draft_vocab_size", None)
             actions.append(f"dropped draft_vocab_size (= vocab_size) so {a.label} loads the target's lm_head")

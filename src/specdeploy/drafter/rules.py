@@ -290,11 +290,16 @@ def _check_lm_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report):
         swap = a.DRAFTER.get("lm_head_from_target_without_draft_vocab_size")
         if swap is not None and swap.contains(a.version) and not d.declares_draft_vocab and d.fmt != "speculators" \
                 and d.layer.get("tie_word_embeddings") is not True:
-            rep.add("error", "lm_head.weight", f"the checkpoint holds a trained lm_head {list(shape)}, but the "
-                    f"config has no draft_vocab_size: {a.label} {a.version} then loads the target's lm_head in its "
-                    "place (load_lm_head_from_target), so the head drafts with a head it was not trained with",
-                    CONVERT.format(engine=a.name) + f" (writes draft_vocab_size: {rows}, which keeps the trained "
-                    "head)")
+            # A full-vocabulary head: trained (then the swap collapses acceptance) or a copy of the target's head
+            # (ModelOpt exports one when the draft has none: then the swap changes nothing). The files do not say
+            # which; convert keeps the shipped head, which is right in both cases, and the drafter role converts.
+            rep.add("warning", "lm_head.weight", f"the checkpoint holds an lm_head {list(shape)}, but the config has "
+                    f"no draft_vocab_size: {a.label} {a.version} then loads the target's lm_head in its place "
+                    "(load_lm_head_from_target). If the shipped head was trained, the head drafts with one it was "
+                    "not trained with; if it is a copy of the target's (exporters write one for heads trained "
+                    "against the target's head), nothing changes",
+                    CONVERT.format(engine=a.name) + f" (writes draft_vocab_size: {rows}, which keeps the shipped "
+                    "head, right in both cases)")
         return
     if d.draft_vocab < t.vocab:
         rep.add("error", "lm_head.weight", f"missing, but the draft vocabulary ({d.draft_vocab}) is smaller than "
@@ -352,6 +357,15 @@ def _check_vocab(d: Drafter, t: TargetModel, rep: Report, a: EngineAdapter | Non
     dups = len(ids) - len(np.unique(ids))
     if dups:
         rep.add("error", "d2t", f"{dups} duplicate target ids", "rebuild the vocab map")
+    elif len(ids) > 1 and not bool((np.diff(ids) > 0).all()):
+        # Values, not structure: the engines map draft row i to target id i + d2t[i] whatever the order; only the
+        # trained lm_head rows say which order is right. Every exporter read sorts the selection first.
+        rep.add("warning", "d2t", f"the target ids are not in ascending draft-id order (first descent at draft id "
+                f"{int(np.argmax(np.diff(ids) <= 0)) + 1}): EAGLE, SpecForge, speculators and TorchSpec build d2t "
+                "from the sorted selection and train lm_head's rows in that order, so a reordered d2t maps the rows "
+                "to other tokens than they were trained for (acceptance collapses); a head trained in this order "
+                "would be unaffected, which only its weights tell", "rebuild d2t from the selection in ascending "
+                "order (t2d's set ids) unless the head was trained in this order")
     if t2d is not None:
         if t2d.shape != (vocab,) and reads_t2d is False:
             rep.add("warning", "t2d", f"shape {list(t2d.shape)}, expected [{vocab}]; {label}'s loader skips t2d",
