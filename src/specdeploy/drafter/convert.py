@@ -136,11 +136,17 @@ def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, v
     if "norm_before_residual" not in d.config or d.fmt == "speculators":
         cfg["norm_before_residual"] = nbr
         actions.append(f"norm_before_residual written explicitly as {nbr}")
-    rename = _legacy_layer_names(d, a)
+    strip = bool(facts.get("keeps_model_prefix")) and any(n.startswith("model.") for n in d.raw_tensors or {})
+    legacy = _legacy_layer_names(d, a)
+    rename = legacy or strip
 
     def renamed(s: str) -> str:
-        return ("midlayer." + s[len("layers.0."):] if s.startswith("layers.0.") else
-                "model.midlayer." + s[len("model.layers.0."):] if s.startswith("model.layers.0.") else s)
+        if strip and s.startswith("model."):  # the loader adds model. itself
+            s = s[len("model."):]
+        if legacy:
+            s = ("midlayer." + s[len("layers.0."):] if s.startswith("layers.0.") else
+                 "model.midlayer." + s[len("model.layers.0."):] if s.startswith("model.layers.0.") else s)
+        return s
 
     _refuse_losses(d, cfg, layer_cfg, renamed if rename else None, a, t)
     tmp = out
@@ -161,7 +167,9 @@ def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, v
         else:
             _link_or_copy(f, tmp / f.name)
     if renamed_total:
-        actions.append(f"renamed {renamed_total} tensors layers.0.* -> midlayer.* for {a.label} {version}")
+        actions.append(f"renamed {renamed_total} tensors ("
+                       + ", ".join(x for x, on in (("model.X -> X", strip), ("layers.0.* -> midlayer.*", legacy))
+                                   if on) + f") for {a.label} {version}")
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     meta = {"engine": engine, "engine_version": version, "source": str(drafter_dir.resolve()),
             "target": str(target_dir.resolve()), "format": d.fmt, "actions": actions,

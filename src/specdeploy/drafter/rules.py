@@ -42,8 +42,14 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
     run, why = model_runner(target, engine, version, runner)
     rep.add("info", "engine", f"rules of {engine} {version}" + (
         f", model runner {run.upper()} ({why})" if run else "" if run == "" else f", model runner not known ({why})"))
-    if a.DRAFTER.get("keeps_model_prefix") and d.raw_tensors and any(n.startswith("model.") for n in d.raw_tensors):
-        d.tensors = dict(d.raw_tensors)  # the loader sees model.model.X: judge the names as it gets them
+    prefixed = [n for n in d.raw_tensors or {} if n.startswith("model.")]
+    if a.DRAFTER.get("keeps_model_prefix") and prefixed:
+        # the loader puts model. before every name but lm_head's and d2t's: model.X reaches model.model.X, which
+        # no parameter has. One finding (the rest is judged on the names as they would be without the prefix).
+        rep.add("error", "tensor names", f"{len(prefixed)} checkpoint tensor(s) carry a leading model. "
+                f"({', '.join(prefixed[:3])}): {a.label} {version}'s EAGLE-3 loader adds model. to every name "
+                "itself, so they reach model.model.* and no parameter; the load fails",
+                CONVERT.format(engine=a.name) + " (strips the leading model. from the tensor names)")
     if target_check:  # off where preflight decides it, knowing the image's patch set
         # the engine checks the target whatever the drafter's format: both are reported
         _check_target(target, a, rep, _aux_asked(d, a))
@@ -173,19 +179,22 @@ def _check_speculators(d: Drafter, a: EngineAdapter, rep: Report):
         return
     sc = cfg.get("speculators_config")
     methods = sc.get("proposal_methods") if isinstance(sc, dict) else None
+    # vLLM validates speculators_config (proposal_methods, verifier) only when the speculators checkpoint is the
+    # served model (maybe_override_with_speculators -> validate_speculators_config); as --speculative-config's
+    # model (how specdeploy serves it) SpeculatorsConfig.from_pretrained reads neither (probe: 0.16.0, 0.32.0).
+    served = "vLLM reads it only when the checkpoint is served as the model (vllm serve DRAFTER: 'Invalid " \
+        "speculators config structure'); specdeploy passes it as --speculative-config's model, where it is not read"
     if not (isinstance(methods, list) and methods and isinstance(methods[0], dict)
             and isinstance(methods[0].get("speculative_tokens"), int)):
-        rep.add("error", "speculators_config.proposal_methods", "missing, or its first entry has no "
-                "speculative_tokens: vLLM refuses the config (Invalid speculators config structure)",
-                "re-export with speculators, or add proposal_methods: [{proposal_type: greedy, "
-                "speculative_tokens: 3}]")
+        rep.add("warning", "speculators_config.proposal_methods", f"missing, or its first entry has no "
+                f"speculative_tokens: {served}", "re-export with speculators, or add proposal_methods: "
+                "[{proposal_type: greedy, speculative_tokens: 3}]")
     if not a.DRAFTER["reads_speculators"]:
         return
     verifier = sc.get("verifier") if isinstance(sc, dict) else None
     if not (isinstance(verifier, dict) and isinstance(verifier.get("name_or_path"), str)):
-        rep.add("error", "speculators_config.verifier", f"no verifier.name_or_path: {a.label} refuses the config "
-                "(Invalid speculators config structure)", CONVERT.format(engine=a.name) +
-                " (records the target as the verifier)")
+        rep.add("warning", "speculators_config.verifier", f"no verifier.name_or_path: {served}",
+                CONVERT.format(engine=a.name) + " (records the target as the verifier)")
     mt = d.layer.get("model_type", "llama")
     types = a.DRAFTER["speculators_model_types"]
     span = types.get(mt)

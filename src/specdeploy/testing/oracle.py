@@ -240,11 +240,12 @@ def variant_set(rec_or_name) -> tuple[dict, callable]:
     return by_name(), write_sparse_pair
 
 
-def load_record(release: str) -> dict:
-    p = record_path(release)
+def load_record(release: str, which: str | None = None) -> dict:
+    p = record_path(release, which)
     if not p.is_file():
         raise SpecdeployError([Finding("error", "oracle record", f"no measured record {p}",
-                                       f"run python bench/drafter_oracle.py {release}")])
+                                       f"run python bench/drafter_oracle.py {release}"
+                                       + (f" --set {which}" if which else ""))])
     return json.loads(p.read_text())
 
 

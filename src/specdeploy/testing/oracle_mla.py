@@ -116,6 +116,7 @@ EDITS = {
     "drop-d2t": _both(lambda v, t: setattr(v, "d2t", None), defect=("d2t",)),
     "d2t-shifted": _d2t(lambda d: [x + 1 for x in d]),
     "model-type-deepseek_v3": _both(_cfg(model_type="deepseek_v3"), defect=("model_type",)),
+    "model-type-kimi_k2": _cfg(model_type="kimi_k2"),  # what the published Kimi MLA heads write
     "no-q_lora_rank": _both(_cfg(q_lora_rank=None), defect=("q_lora_rank",)),
     "nbf-spurious": _cfg(norm_before_fc=True),
     "midlayer-names": lambda v, t: v.edits.append(["rename", "layers.0.", "midlayer."]),

@@ -600,4 +600,16 @@ def test_corpus_variants_change_the_verdict_as_the_loader_says(tmp_path, repo, e
         d = corpus_drafter(e, tmp_path / name)
         rep = check(d, target, engine, version)
         got = set(errors(rep))
-        assert got == expect[engine], (name, [f.line() for f in rep.findings if f.severity != "info"])
+        want = set(expect[engine])
+        if name == "no-aux-no-fc" and _v2_feeds_every_head(engine, version, target):
+            want = {"eagle_config.use_aux_hidden_state"}  # the default V2 runner fuses aux states for it anyway
+        assert got == want, (name, [f.line() for f in rep.findings if f.severity != "info"])
+
+
+def _v2_feeds_every_head(engine, version, target) -> bool:
+    """The release serves this target on V2 by default, and its V2 asks every EAGLE-3 head for aux states."""
+    from specdeploy.checkpoint.modelcfg import TargetModel
+    from specdeploy.drafter.model import model_runner
+    from specdeploy.engines import get
+    span = get(engine).DRAFTER.get("v2_aux_for_every_head")
+    return bool(span and span.contains(version) and model_runner(TargetModel.load(target), engine, version)[0] == "v2")
