@@ -52,9 +52,11 @@ def main(argv=None) -> int:
         t0 = time.time()
         path = oracle.record_path(version, a.set)
         kept: dict = {}
-        if a.resume and path.is_file():  # rows measured before for the same pairs
-            old = json.loads(path.read_text())["variants"]
-            kept = {v.name: old[v.name] for v in vs if v.name in old and old[v.name]["fingerprint"] == v.fingerprint()}
+        if a.resume and path.is_file():  # rows measured before for the same pairs (of every variant: --only
+            old = json.loads(path.read_text())["variants"]  # measures the named ones and keeps the others)
+            kept = {v.name: old[v.name] for v in every
+                    if v.name in old and old[v.name]["fingerprint"] == v.fingerprint()
+                    and not (a.only and v.name in a.only)}
 
         def record(got, kept=kept, version=version, t0=t0):
             rec = oracle.make_record(version, vs, got, time.time() - t0, a.set)

@@ -36,7 +36,7 @@ def main() -> int:
                     print(f"UNEXPLAINED {rec['release']} {name}: oracle {row['verdict']} doctor {doc['errors']}")
                     continue
                 out.append({"name": name, "release": rec["release"], "doctor": doc["errors"],
-                            "oracle": row["verdict"], "why": fam})
+                            "oracle": row["verdict"], "why": fam, **({"set": rec["set"]} if rec.get("set") else {})})
     path = oracle.RECORDS / "exclusions.json"
     path.write_text(json.dumps({"why": INVISIBLE, "exclusions": out}, indent=1) + "\n")
     print(f"{len(out)} exclusions written to {path}")

@@ -211,3 +211,33 @@ def test_layer_params_of_the_published_kimi_head():
                    .read_text())
     want = {n: tuple(s) for n, (_, s) in e["tensors"].items() if n.startswith("layers.0.")}
     assert layer_params(e["config"], e["config"]["hidden_size"], 0) == want
+
+
+@pytest.mark.parametrize("version", VLLM)
+def test_vllm_head_vocabulary_map_and_norm_order(version):
+    """From 0.32.0 the Llama and MLA heads build draft_id_to_target_id only for a draft vocabulary smaller than
+    the target's (a shipped d2t beside a full one then reaches no parameter); input_norm is applied before the
+    per-aux fc_norm wherever both exist."""
+    from specdeploy.drafter.head import known
+    models = upstream.source("vllm", version) / "vllm" / "model_executor" / "models"
+    llama = _text(models / "llama_eagle3.py")
+    mla = _text(models / "deepseek_eagle3.py")
+    none = "self.draft_id_to_target_id = None" in llama
+    assert known(vl.DRAFTER["d2t_needs_draft_vocabulary"], version) is none
+    if mla:
+        assert ("self.draft_id_to_target_id = None" in mla) == none
+    combine = _method(llama, "Eagle3LlamaForCausalLM", "combine_hidden_states") \
+        if "def combine_hidden_states" in _class(llama, "Eagle3LlamaForCausalLM") else ""
+    both = "self.model.input_norm(" in combine and "self.model.fc_norm" in combine
+    assert both == vl.DRAFTER["input_norm_then_fc_norm"].contains(version)
+    if both:
+        assert combine.index("self.model.input_norm(") < combine.index("self.model.fc_norm")
+
+
+@pytest.mark.parametrize("version", [v for v in SGLANG if Version(v) >= Version("0.5.12")])
+def test_sglang_norm_order(version):
+    llama = _text(upstream.source("sglang", version) / "sglang" / "srt" / "models" / "llama_eagle3.py")
+    both = "hidden_states = self.input_norm(hidden_states)" in llama and "zip(self.fc_norm, chunks)" in llama
+    assert both == sg.DRAFTER["input_norm_then_fc_norm"].contains(version), version
+    if both:
+        assert llama.index("hidden_states = self.input_norm(hidden_states)") < llama.index("zip(self.fc_norm, chunks)")

@@ -286,6 +286,10 @@ def check_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report) -> Hea
         tuple(f"mlp.{x}_proj.weight" for x in ("gate", "up", "down"))
     missing = [n for n in head.required if n not in names and not n.split(".", 2)[-1].startswith(layer_checked)
                and not (n.startswith("midlayer.") and n[len("midlayer."):].startswith(layer_checked))]
+    if "input_norm.weight" in missing and "fc_norm.0.weight" in head.required and _span(a, "input_norm_then_fc_norm"):
+        missing.remove("input_norm.weight")  # left at ones: a uniform scale the per-aux fc_norms remove exactly
+        rep.add("info", "input_norm.weight", f"not in the checkpoint: {a.label} {a.version} leaves it at ones, and "
+                "the per-aux fc_norm it applies next removes that uniform scale, so the head runs as without it")
     if missing:
         sure = _span(a, "missing_tensor_uninitialised")
         rep.add("error" if sure else "warning", "missing tensors", f"{len(missing)} parameter(s) {a.label} "

@@ -350,6 +350,8 @@ def _check_vocab(d: Drafter, t: TargetModel, rep: Report, a: EngineAdapter | Non
         return
     if d2t is None:
         return
+    if d.draft_vocab == t.vocab and a is not None and _d2t_unplaced(d, t, a, d2t, rep):
+        return
     if d2t.dtype != "I64":
         rep.add("error", "d2t", f"dtype {d2t.dtype}, the engines load it as int64", "save d2t as int64")
         return
@@ -394,6 +396,25 @@ def _check_vocab(d: Drafter, t: TargetModel, rep: Report, a: EngineAdapter | Non
                     rep.add("error", "t2d", "t2d does not agree with d2t", "rebuild t2d from the same selection "
                             "as d2t")
     _check_eos(set(ids.tolist()), t, rep)
+
+
+def _d2t_unplaced(d: Drafter, t: TargetModel, a: EngineAdapter, d2t, rep: Report) -> bool:
+    """A d2t beside a draft vocabulary as large as the target's, on a release that builds no map for it."""
+    from specdeploy.drafter.head import known
+    raises = known(a.DRAFTER.get("d2t_needs_draft_vocabulary"), a.version)
+    if raises is False:
+        return False
+    identity = d2t.dtype == "I64" and d2t.shape == (d.draft_vocab,) and not read_array(d2t).any()
+    fix = (CONVERT.format(engine=a.name) + " (drops d2t and t2d: the map is the identity)") if identity else \
+        "re-export without d2t, or with the draft vocabulary it maps (draft_vocab_size below the target's)"
+    if raises is None:
+        rep.add("warning", "d2t", f"the draft vocabulary is the target's ({t.vocab}): whether {a.label} {a.version} "
+                "builds a draft-to-target map for it (0.32.0 does not, and refuses the shipped d2t) was not read", fix)
+        return False
+    rep.add("error", "d2t", f"the draft vocabulary is the target's ({t.vocab}), so {a.label} {a.version} builds no "
+            "draft_id_to_target_id and its loader raises on the shipped d2t ('There is no module or parameter named "
+            "draft_id_to_target_id'): the load fails", fix)
+    return True
 
 
 def _check_eos(ids: set[int], t: TargetModel, rep: Report):

@@ -150,6 +150,9 @@ DRAFTER = {
         "norm_output": {"top": (Span("0.5.12"), Span("0.5.11", "0.5.12"))},
     },
     "aux_count_from_ids": Span("0.5.12"),
+    # input_norm, then the per-aux fc_norm (read in 0.5.17, 0.5.20 and 0.5.23): a missing input_norm.weight (ones)
+    # is a uniform scale those norms remove
+    "input_norm_then_fc_norm": Span("0.5.17"),
     # aux_norm_low/mid/high.* are renamed to fc_norm.0/1/2.*
     "legacy_aux_norm_names": Span("0.5.12"),
     # the config key "bias" gives fc a bias

@@ -164,6 +164,9 @@ DRAFTER = {
     },
     # fc fuses len(eagle_config.eagle_aux_hidden_state_layer_ids) states (else 3); before, always 3.
     "aux_count_from_ids": Span("0.22.0"),
+    # combine_hidden_states applies input_norm and then the per-aux fc_norm (0.22.0 on): an input_norm.weight the
+    # checkpoint lacks stays at its initial ones, a uniform scale the per-aux RMSNorms remove exactly.
+    "input_norm_then_fc_norm": Span("0.22.0"),
     # attention_bias: q/k/v/o projections carry biases (LlamaAttention builds o_proj's bias too).
     "attention_bias": Span(),
     # Parameters a drafter class adds to each decoder layer beyond the Llama head's (Qwen3 layers norm q and k
@@ -186,6 +189,11 @@ DRAFTER = {
     # norm_before_fc is off from 0.18.0 (before, no input_norm exists and the name is unknown).
     "fc_always_built": False,
     "skips_unbuilt_input_norm": Span("0.18.0"),
+    # A draft vocabulary as large as the target's: from 0.32.0 the Llama and MLA heads build no
+    # draft_id_to_target_id (None unless draft_vocab_size != the target's vocabulary), so a shipped d2t reaches no
+    # parameter and AutoWeightsLoader raises (measured: the oracle's V-d2t-identity is refused on 0.32.0, served
+    # on 0.16.0); up to 0.27.0 the parameter is always built. 0.28 to 0.31 not read.
+    "d2t_needs_draft_vocabulary": (Span("0.32.0"), Span(None, "0.28.0")),
     # tie_word_embeddings is not read by the EAGLE-3 head (it always builds its own lm_head).
     # t2d is skipped by the head's load_weights ("if 't2d' in name: continue", 0.16.0 and 0.32.0): only d2t maps.
     "reads_t2d": False,

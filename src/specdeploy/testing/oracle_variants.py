@@ -263,7 +263,18 @@ TAPS_EDITS = {
     "vocab-undeclared": _cfg(draft_vocab_size=None),
     "aux-off": _ec(use_aux_hidden_state=False),
 }
+def _model_prefix(v: Variant, taps):
+    """NeMo Automodel's layout: the draft module's tensors under model. (lm_head, d2t, t2d at the top)."""
+    for old in ("layers.0.", "fc.", "norm.", "embed_tokens."):
+        v.edits.append(["rename", old, "model." + old])
+    v.defect = ("tensor names",)
+
+
 EXTRA = {
+    "A": {"model-prefix": _model_prefix,
+          "arch-automodel": _both(_cfg(architectures=["LlamaEagle3DraftModel"]), defect=("architectures",)),
+          "model-type-deepseek_v3": _both(_cfg(model_type="deepseek_v3"), defect=("model_type",)),
+          "layers-from-target": _both(_cfg(num_hidden_layers=LAYERS), defect=("num_hidden_layers",))},
     "N": {"nbf-nested": _both(_cfg(norm_before_fc=None), _ec(norm_before_fc=True)),
           "nbf-missing": _cfg(norm_before_fc=None),
           "nbf-both": _ec(norm_before_fc=True),
@@ -358,10 +369,11 @@ def write_sparse_pair(v: Variant, root: Path) -> tuple[Path, Path]:
     return t, d
 
 
-# --- what the files cannot show ---------------------------------------------------------------------------------
-# Edit families whose defect lies outside what a checkpoint's files say (configs, tensor names and shapes, d2t's
-# ids): where the doctor and the engine differ on them, the difference is recorded as an exclusion with both sides
-# (bench/drafter_oracle_exclusions.py), and convert is not expected to repair them (it reads the same files).
+# --- what the files or the CPU oracle cannot show ----------------------------------------------------------------
+# Edit families where the doctor and the measured engine may differ for a stated reason: the defect lies outside
+# what a checkpoint's files say (configs, tensor names and shapes, d2t's ids), or the oracle's construction or CPU
+# build cannot show it. A difference of these families is recorded as an exclusion with both sides
+# (bench/drafter_oracle_exclusions.py); convert is not held to full acceptance on them (it reads the same files).
 INVISIBLE = {
     "config-misstates-taps": "the config names taps the head was not trained on (no ids, ids shifted, SGLang "
     "numbers under the vLLM key or the reverse) and nothing else in the checkpoint records the trained taps: the "
@@ -378,6 +390,12 @@ INVISIBLE = {
     "states: a head trained with them and switched off (acceptance collapses) and a head trained without them that "
     "ships a stray fc (the release skips it and the head drafts) write the same files; the doctor takes the fc as "
     "trained",
+    "construction-equal-scales": "the oracle's aux states all have one scale, so per-aux norms (fc_norm) left at "
+    "their initial ones after a trained whole-vector norm (norm_before_fc) change nothing; real aux states differ "
+    "in scale, and the head runs with norms it was not trained with",
+    "uninitialised-zeros-on-cpu": "the config builds more decoder layers than the checkpoint holds; the engine "
+    "leaves the extra ones uninitialised (torch.empty), which on the CPU build are fresh zero pages, so they add "
+    "nothing to the residual stream and the head drafts; on a GPU they hold whatever earlier allocations left",
     "construction-q-k": "the oracle's heads carry their signal through the value path (any attention pattern gives "
     "the same value), so a missing query/key projection or its norm does not lower their acceptance; a real head "
     "loses its attention pattern",
@@ -390,6 +408,7 @@ _FAMILY = {
     "drop-lm_head-and-vocab": "head-trained-own-shared-target",
     "drop-input_norm": "switch-weights-lost",
     "fc-kept": "aux-switch-contradicts-fc",
+    "layers-from-target": "uninitialised-zeros-on-cpu",
     **{e: "construction-q-k" for e in ("drop-q_proj", "drop-q_a_proj", "drop-q_a_layernorm")},
 }
 
@@ -399,4 +418,6 @@ def family(name: str) -> str | None:
     head, edit = name.split("-", 1)
     if head == "V" and edit == "drop-lm_head":  # a full-vocabulary head: vLLM shares the target's in its place
         return "head-trained-own-shared-target"
+    if head == "N" and edit == "fcn-spurious":  # per-aux norms after the trained whole-vector one
+        return "construction-equal-scales"
     return _FAMILY.get(edit)

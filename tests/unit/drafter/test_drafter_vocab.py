@@ -49,3 +49,58 @@ def test_d2t_order_reads_only_the_ids(tmp_path):
                                                   "t2d": bytes(v.t2d)})
     w = _warnings(check(d, t, "vllm", "0.16.0"), "d2t")
     assert w and "draft id 6" in w[0].message
+
+
+def test_d2t_beside_a_full_vocabulary(tmp_path):
+    """V-d2t-identity (a full-vocabulary head shipping an identity d2t): served on 0.16.0, refused on 0.32.0,
+    which builds no draft_id_to_target_id for it (measured); convert drops the identity map."""
+    v = by_name()["V-d2t-identity"]
+    t, d = write_sparse_pair(v, tmp_path)
+    assert check(d, t, "vllm", "0.16.0").ok
+    rep = check(d, t, "vllm", "0.32.0")
+    err = [f for f in rep.errors if f.subject == "d2t"]
+    assert err and "draft_id_to_target_id" in err[0].message and "drops d2t" in err[0].fix
+    meta = convert(d, t, "vllm", tmp_path / "out", "0.32.0")
+    from specdeploy.checkpoint.safetensors_io import checkpoint_tensors
+    names = set(checkpoint_tensors(tmp_path / "out"))
+    assert meta["check"]["ok"] and "d2t" not in names and "t2d" not in names and "lm_head.weight" in names
+    assert _warnings(check(d, t, "vllm", "0.28.0"), "d2t")  # a release between the ones read: not known
+
+
+def test_a_missing_input_norm_before_per_aux_norms_is_harmless(tmp_path):
+    """F-nbf-spurious: a head trained with fc_norm whose config also says norm_before_fc, no input_norm weights.
+    0.32.0 builds input_norm (left at ones) and applies fc_norm after it, which removes that uniform scale: the
+    engine measured full acceptance, and the doctor says so (0.16.0 refuses the fc_norm weights altogether)."""
+    t, d = write_sparse_pair(by_name()["F-nbf-spurious"], tmp_path)
+    rep = check(d, t, "vllm", "0.32.0", runner="v1")
+    assert rep.ok and [f for f in rep.findings if f.subject == "input_norm.weight" and f.severity == "info"]
+    t, d = write_sparse_pair(by_name()["A-nbf-spurious"], tmp_path / "a")  # no fc_norm after it: it matters
+    assert "missing tensors" in {f.subject for f in check(d, t, "vllm", "0.32.0", runner="v1").errors}
+
+
+def test_dropping_d2t_keeps_every_other_tensor_byte_for_byte(tmp_path):
+    """The converted checkpoint without d2t/t2d: every kept tensor's bytes as they were (a dense, non-sparse
+    file: the copy reads several ranges through one descriptor)."""
+    import os
+
+    from specdeploy.checkpoint.safetensors_io import read_header
+    v = by_name()["V-d2t-identity"]
+    t, d = write_sparse_pair(v, tmp_path)
+    specs = dict(sorted(tensor_specs(v).items()))  # in name order, as safetensors writes them: small norms
+    sizes = {"F32": 4, "I64": 8, "BOOL": 1}         # just before large projections
+    data = {}
+    for n, (dt, shape) in specs.items():
+        count = 1
+        for x in shape:
+            count *= x
+        data[n] = os.urandom(count * sizes[dt]) if n != "d2t" else bytes(8 * shape[0])
+    write_sparse(d / "model.safetensors", specs, data)
+    convert(d, t, "vllm", tmp_path / "out", "0.32.0")
+
+    def payload(path):
+        header, base = read_header(path)
+        raw = path.read_bytes()
+        return {n: raw[base + m["data_offsets"][0]:base + m["data_offsets"][1]]
+                for n, m in header.items() if n != "__metadata__"}
+    before, after = payload(d / "model.safetensors"), payload(tmp_path / "out" / "model.safetensors")
+    assert set(before) - set(after) == {"d2t"} and all(after[n] == before[n] for n in after)
