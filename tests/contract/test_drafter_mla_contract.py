@@ -241,3 +241,23 @@ def test_sglang_norm_order(version):
     assert both == sg.DRAFTER["input_norm_then_fc_norm"].contains(version), version
     if both:
         assert llama.index("hidden_states = self.input_norm(hidden_states)") < llama.index("zip(self.fc_norm, chunks)")
+
+
+@pytest.mark.parametrize("version", VLLM)
+def test_vllm_aux_capture_of_llama_and_deepseek_targets(version):
+    """Which aux ids the Llama and DeepSeek (Kimi) target models can capture: layer 0 (its residual is None) and
+    the final output as id n (the layer count)."""
+    models = upstream.source("vllm", version) / "vllm" / "model_executor" / "models"
+    f = vl.DRAFTER
+    llama = _text(models / "llama.py")
+    ds = _class(_text(models / "deepseek_v2.py"), "DeepseekV2Model")
+    # Llama: from 0.18.0 _maybe_add_hidden_state before the first layer and after every layer (idx + 1)
+    llama_new = "self._maybe_add_hidden_state(" in llama and "idx + 1" in llama
+    assert llama_new == (not f["aux_layer_zero_fails_llama"].contains(version)) == \
+        f["aux_final_layer_llama"].contains(version)
+    # DeepSeek: hidden_states + residual before each layer (0 fails) wherever it captures at all
+    captures = "aux_hidden_state_layers" in ds
+    assert captures == f["aux_layer_zero_fails_deepseek"].contains(version)
+    if captures:
+        assert "hidden_states + residual" in ds and "residual is not None" not in ds.split("aux_hidden_states")[1][:400]
+    assert ("self.end_layer in self.aux_hidden_state_layers" in ds) == f["aux_final_layer_deepseek"].contains(version)

@@ -532,7 +532,10 @@ def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Repor
     top, nested = d.top_aux(), d.nested_aux()
     n = t.layers
     reads_top_first = get(engine).DRAFTER["aux_key"] == "eagle_aux_hidden_state_layer_ids"
-    for key, ids, limit in (("eagle_aux_hidden_state_layer_ids", top, n - 1),
+    fam = _aux_family(t)
+    final = get(engine).DRAFTER.get(f"aux_final_layer_{fam}") if fam else None
+    last = n if final is not None and final.contains(version) else n - 1  # the final output as id n
+    for key, ids, limit in (("eagle_aux_hidden_state_layer_ids", top, last),
                             ("eagle_config.eagle_aux_hidden_state_layer_ids", nested, n - 2)):
         if ids is None or (key != "eagle_aux_hidden_state_layer_ids" and reads_top_first and _ids_ok(top)):
             continue  # an engine that reads the top-level key first never reads the nested one here
@@ -543,7 +546,9 @@ def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Repor
         out = [i for i in ids if not 0 <= i <= limit]
         if out:
             rep.add("error", key, f"{out} out of range: the target has {n} layers, so "
-                    + (f"vLLM captures layer inputs 0..{n - 1}; a higher id is never captured" if limit == n - 1 else
+                    + (f"vLLM captures layer inputs 0..{n - 1}" + (f" and the final output as {n}" if last == n else
+                                                                         "") + "; a higher id is never captured"
+                       if key == "eagle_aux_hidden_state_layer_ids" else
                        f"SGLang ids (layer outputs) go up to {limit}; the final layer's output is never captured"),
                     "use the taps the drafter was trained on; an id equal to the layer count is never captured")
             return
@@ -558,11 +563,14 @@ def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Repor
             return
     trained, source = trained_taps(d)
     taps, how = engine_taps(d, t, engine, version, runner)
-    zero = get(engine).DRAFTER.get("aux_layer_zero_fails_llama")
-    if taps and 0 in taps and zero is not None and zero.contains(version) and "LlamaForCausalLM" in t.architectures:
+    family = _aux_family(t)
+    zero = get(engine).DRAFTER.get(f"aux_layer_zero_fails_{family}") if family else None
+    if taps and 0 in taps and zero is not None and zero.contains(version):
+        what = "Llama" if family == "llama" else "DeepSeek/Kimi"
         rep.add("error", get(engine).DRAFTER["aux_key"], f"{engine} {version} captures aux layer 0 ({taps}, {how}): "
-                "its Llama target adds the residual to the hidden state, and layer 0 has none, so the first "
-                "forward fails (TypeError)", f"use {engine} {zero.until} or later, or taps from layer 1 on")
+                f"its {what} target adds the residual to the hidden state, and layer 0 has none, so the first "
+                "forward fails (TypeError)", (f"use {engine} {zero.until} or later, or " if zero.until else "use ")
+                + "taps from layer 1 on")
         return
     fix = CONVERT.format(engine=engine) + " (writes both keys explicitly)"
     key = get(engine).DRAFTER["aux_key"]
@@ -578,6 +586,13 @@ def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Repor
                 f"{trained} (from {source}, vLLM numbering)", fix)
     elif not _ids_ok(top if key == "eagle_aux_hidden_state_layer_ids" else nested):
         rep.add("info", key, f"not set; {engine} captures {taps} ({how}), which equals the trained taps")
+
+
+def _aux_family(t: TargetModel) -> str | None:
+    """The target model family whose aux capture the tables record ("llama", "deepseek"); None: not read."""
+    if t.is_kimi_or_deepseek:
+        return "deepseek"
+    return "llama" if "LlamaForCausalLM" in t.architectures else None
 
 
 def _check_norm(d: Drafter, a: EngineAdapter, rep: Report):

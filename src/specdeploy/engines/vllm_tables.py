@@ -200,6 +200,14 @@ DRAFTER = {
     # LlamaModel.forward captures aux layer L as hidden_states + residual; layer 0's residual is None, so an aux id
     # 0 fails the first forward (TypeError, measured on 0.16.0 by the oracle); from 0.18.0 it is captured apart.
     "aux_layer_zero_fails_llama": Span(None, "0.18.0"),
+    # DeepseekV2Model.forward (DeepSeek-V2/V3 and the Kimi-K2/K2.5 language model) still captures aux layer L as
+    # hidden_states + residual in every release with DeepSeek EAGLE-3 targets (0.18.0 on): an aux id 0 fails the
+    # first forward (TypeError, measured on 0.32.0 by the MLA oracle's M-aux-nested).
+    "aux_layer_zero_fails_deepseek": Span("0.18.0"),
+    # The final layer's output as aux id n (the layer count): LlamaModel adds it after the last layer from 0.18.0
+    # (_maybe_add_hidden_state at idx + 1), DeepseekV2Model from 0.26.0 (end_layer in aux_hidden_state_layers).
+    "aux_final_layer_llama": Span("0.18.0"),
+    "aux_final_layer_deepseek": Span("0.26.0"),
     # --- the model runners (read in 0.16.0 to 0.22.1, 0.24.0, 0.26.0, 0.27.0, 0.32.0 and 0.33.0) ---
     # Which runner serves by default on a GPU host with Triton (VllmConfig.use_v2_model_runner; the env
     # VLLM_USE_V2_MODEL_RUNNER overrides it), as (releases, rule, architectures): "v1" (V2 only on request, env
