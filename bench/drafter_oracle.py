@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from specdeploy.testing import oracle  # noqa: E402
+from specdeploy.testing import oracle, oracle_mla  # noqa: E402
 
 
 def _set(which: str | None):
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     vs = [v for v in every if not a.only or v.name in a.only]
     say = lambda m: print(f"[oracle] {m}", file=sys.stderr, flush=True)  # noqa: E731
     t, dirs = build(vs, say)
-    _, write_pair = oracle.variant_set(a.set)
+    _, write_pair = oracle_mla.variant_set(a.set)
     for version in a.versions:
         t0 = time.time()
         path = oracle.record_path(version, a.set)
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
                     and not (a.only and v.name in a.only)}
 
         def record(got, kept=kept, version=version, t0=t0):
-            rec = oracle.make_record(version, vs, got, time.time() - t0, a.set)
+            rec = oracle.make_record(version, vs, got, time.time() - t0, a.set, {v.name for v in every})
             rec["variants"] = {**kept, **rec["variants"]}
             rec["complete"] = set(rec["variants"]) == {v.name for v in every}
             return rec

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from specdeploy.testing import oracle  # noqa: E402
+from specdeploy.testing import oracle, oracle_mla  # noqa: E402
 from specdeploy.testing.oracle_variants import INVISIBLE, family  # noqa: E402
 
 
@@ -23,7 +23,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for p in sorted(oracle.RECORDS.glob("vllm-*.json")):
             rec = json.loads(p.read_text())
-            vs, write_sparse_pair = oracle.variant_set(rec)
+            vs, write_sparse_pair = oracle_mla.variant_set(rec)
             for name, row in sorted(rec["variants"].items()):
                 if name not in vs:
                     continue

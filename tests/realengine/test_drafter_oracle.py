@@ -46,7 +46,7 @@ def _check(release: str, rec: dict, names: list[str], got: dict, vs: dict, dirs:
 @pytest.mark.parametrize("release", RELEASES)
 def test_recorded_acceptance_is_what_the_engine_measures(release, tmp_path):
     rec = oracle.load_record(release)
-    vs, _ = oracle.variant_set(rec)
+    vs, _ = oracle_mla.variant_set(rec)
     conv = CONVERTED[release]
     names = _ordered(oracle.sample([n for n in rec["variants"] if n in vs and n != conv], release, N), rec)
     t, dirs = oracle.drafters([vs[n] for n in names + [conv]])

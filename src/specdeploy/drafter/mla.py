@@ -86,8 +86,8 @@ def check(d, a, rep: Report):
 def unknown_split(names: list[str], a) -> tuple[list[str], list[str]]:
     """(names the loader raises on, the rest) where the release drops unknown names but its stacked-shard
     mapping raises on a shard with no fused parameter."""
-    from specdeploy.drafter.head import _span
-    if not _span(a, "unknown_stacked_raises"):
+    span = a.DRAFTER.get("unknown_stacked_raises")
+    if span is None or not span.contains(a.version):
         return [], names
     raising = [n for n in names if any(s in "." + n for s in STACKED)]
     return raising, [n for n in names if n not in raising]

@@ -230,16 +230,6 @@ def record_path(release: str, which: str | None = None) -> Path:
     return RECORDS / (f"vllm-{release}.json" if not which else f"vllm-{release}-{which}.json")
 
 
-def variant_set(rec_or_name) -> tuple[dict, callable]:
-    """({name: variant}, write_sparse_pair) of a record's variant set (the Llama heads, or "mla")."""
-    which = rec_or_name.get("set") if isinstance(rec_or_name, dict) else rec_or_name
-    if which == "mla":
-        from specdeploy.testing import oracle_mla
-        return oracle_mla.by_name(), oracle_mla.write_sparse_pair
-    from specdeploy.testing.oracle_variants import by_name, write_sparse_pair
-    return by_name(), write_sparse_pair
-
-
 def load_record(release: str, which: str | None = None) -> dict:
     p = record_path(release, which)
     if not p.is_file():
@@ -250,7 +240,8 @@ def load_record(release: str, which: str | None = None) -> dict:
 
 
 def make_record(release: str, vs: list[Variant], measured: dict[str, dict], seconds: float,
-                which: str | None = None) -> dict:
+                which: str | None = None, every: set[str] | None = None) -> dict:
+    """The record of measured rows; ``every``: the names of the whole variant set (complete when all are in)."""
     rows = {}
     for v in vs:
         if v.name not in measured:
@@ -265,7 +256,8 @@ def make_record(release: str, vs: list[Variant], measured: dict[str, dict], seco
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "cpus": os.cpu_count(),
             "k": K, "prompts": len(PROMPTS), "max_tokens": MAX_TOKENS, "seconds": round(seconds, 1),
             "thresholds": {"holds": HOLDS, "collapses": COLLAPSES},
-            "complete": set(rows) == set(variant_set(which)[0]), "variants": rows}
+            "complete": set(rows) == (every if every is not None else {v.name for v in variants()}),
+            "variants": rows}
     if which:
         rec["set"] = which
     return rec

@@ -203,3 +203,12 @@ def write_sparse_pair(v: Variant, root: Path) -> tuple[Path, Path]:
         data["t2d"] = bytes(v.t2d)
     write_sparse(d / "model.safetensors", tensor_specs(v), data)
     return t, d
+
+
+def variant_set(rec_or_name) -> tuple[dict, object]:
+    """({name: variant}, write_sparse_pair) of a record's variant set: the Llama heads, or "mla"."""
+    which = rec_or_name.get("set") if isinstance(rec_or_name, dict) else rec_or_name
+    if which == SET:
+        return by_name(), write_sparse_pair
+    from specdeploy.testing import oracle_variants
+    return oracle_variants.by_name(), oracle_variants.write_sparse_pair

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from specdeploy.testing import oracle
+from specdeploy.testing import oracle, oracle_mla
 from specdeploy.testing.oracle_variants import family, variants
 
 RECORDS = sorted(oracle.RECORDS.glob("vllm-*.json"))  # exclusions.json beside them
@@ -32,7 +32,7 @@ def test_both_pinned_releases_are_recorded_in_full():
         assert rec["runner"] == oracle.RUNNER and rec["complete"], (release, rec.get("complete"))
         assert set(rec["variants"]) == names and len(rec["variants"]) >= MIN_VARIANTS, release
     for rec in by_release.values():
-        vs, _ = oracle.variant_set(rec)
+        vs, _ = oracle_mla.variant_set(rec)
         if rec.get("complete"):
             assert set(rec["variants"]) == set(vs), (rec["release"], rec.get("set"))
 
@@ -57,7 +57,7 @@ def _base(name: str) -> str:
 @pytest.mark.parametrize("rec,name", list(_cases()))
 def test_doctor_agrees_with_measured_acceptance(rec, name, root):
     release = rec["release"]
-    vs, write_sparse_pair = oracle.variant_set(rec)
+    vs, write_sparse_pair = oracle_mla.variant_set(rec)
     row = rec["variants"][name]
     assert name in vs, f"{name} is recorded but no longer generated: re-run bench/drafter_oracle.py {release}"
     v = vs[name]
@@ -85,7 +85,7 @@ def test_every_repairable_error_was_converted_and_measured():
         rec = _load(p)
         if not rec.get("complete"):
             continue
-        vs, write_sparse_pair = oracle.variant_set(rec)
+        vs, write_sparse_pair = oracle_mla.variant_set(rec)
         import tempfile
         from pathlib import Path
         with tempfile.TemporaryDirectory() as tmp:
