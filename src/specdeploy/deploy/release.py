@@ -133,7 +133,7 @@ def specdeploy_weights(variables, host, content_ids=False):
     sizes, mtimes) and where that copy lives in the host's store."""
     from pathlib import Path
 
-    from specdeploy.hostscripts.staging import store_paths, tree_id
+    from specdeploy.hostscripts.staging import COMPLETE, store_of, tree_id
     from specdeploy.values.hostpaths import host_path
     v, hv = validated(variables, host)
     items = hv.weights()
@@ -144,8 +144,10 @@ def specdeploy_weights(variables, host, content_ids=False):
         it["stamp"] = host_path("verified_stamp", it["kind"])
         it["progress"] = host_path("staging_progress", it["kind"])
         if content_ids and it["source"] == "controller" and it["controller"]:
-            it["id"] = tree_id(it["controller"])
-            it.update(store_paths(it["path"], it["id"]))
+            it["id"] = cid = tree_id(it["controller"])
+            store = store_of(it["path"])  # where staging keeps that copy: finished, in progress, marked complete
+            it.update(copy=str(store / cid), partial=str(store / f"{cid}.partial"),
+                      complete=str(store / cid / COMPLETE))
     return items
 
 

@@ -57,4 +57,6 @@ LOAD_LOG = LoadLog(
     disk_fallback=re.compile(r"\[IpcModelLoader\] Weight cache not available or config mismatch, falling back to "
                              r"disk load"),
     daemon_ready=re.compile(r"All \d+ weight cache daemons on node \d+ are ready"),
+    starting=r"Load weight begin|Init torch distributed|Capture cuda graph begin",
+    serving=r"The server is fired up and ready",
 )

@@ -96,4 +96,7 @@ LOAD_LOG = LoadLog(
                              r"failed; falling back to disk loading"),
     daemon_ready=re.compile(r"===== Weight cache daemon READY"),
     daemon_memory=re.compile(r"Weight cache \w+ daemon rank \d+ loaded model \(([\d.]+) GiB allocated"),
+    starting=(r"Starting to load model|Loading model weights|Memory profiling|Capturing (?:CUDA )?graph|"
+              r"Compiling a graph|Initializing a V\d LLM engine|Starting .*vLLM"),
+    serving=r"Starting vLLM API server on",
 )
