@@ -130,6 +130,7 @@ def render_host(host: str, hv: HostVars, address: str | None = None, rank: Rank 
         user=SERVICE_USER, state_dir=STATE_DIR,
         start_timeout=hv.specdeploy_start_timeout,
         binds_to=unit_name_of("weight_cache", hv.specdeploy_engine) if res.on else None,
+        stop_post=wc.stop_post(hv.specdeploy_engine) if res.on else None,
     )
     j = jinja_env()
     files = {

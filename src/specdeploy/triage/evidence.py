@@ -96,7 +96,9 @@ LINES = [
                                  r"Container \S+ failed (?:startup|liveness) probe, will be restarted")),
     ("kill", "signal", re.compile(_KILLS)),
     # systemd stops a unit whose BindsTo= unit went away (an engine bound to its weight-cache daemon)
-    ("kill", "bound-unit", re.compile(r"(?:Unit \S+ |\S+: Unit )?is bound to inactive unit \S+?\.? Stopping, too\.?")),
+    ("kill", "bound-unit", re.compile(r"(?:Unit \S+ |\S+: Unit )?is bound to inactive unit \S+?\.? Stopping, too\.?|"
+                                      r"this engine stopped with its weight-cache daemon \S+, which is \S+ "
+                                      r"\(result: [^)]*\)")),
     ("native", "panic", re.compile(r"thread '[^']{0,200}' panicked at .+")),
     ("native", "terminate", re.compile(r"terminate called after throwing an instance of '[^']{1,300}'")),
     ("native", "heap", re.compile(_HEAP)),
@@ -128,7 +130,7 @@ HINT_WORDS = ("atchdog", "Kill", "kill", "died", "exit code", "exited", "custom 
               "terminate called", "corrupt", "double free", "(): ", "stack smashing", "heck failed", "CHECK",
               "CANCELLED AT", "probe", "function error", "exception of", "[FUNC:", "NIXL_ERR", "not found",
               "Permission denied", "No such file", "Cuda failure", "Triton Error", "SIG", "by signal",
-              "bound to inactive unit")
+              "bound to inactive unit", "weight-cache daemon")
 
 
 def _hinted(t: str) -> bool:

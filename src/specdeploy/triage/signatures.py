@@ -48,7 +48,8 @@ GENERIC = [
      ("No kernel of this build runs on this GPU (\"invalid device function\"): the engine image was most likely built "
       "for other architectures; use one built for this GPU (PYTORCH_ROCM_ARCH / TORCH_CUDA_ARCH_LIST), and on "
       "ROCm consumer cards check the HSA_OVERRIDE_GFX_VERSION the image expects.")),
-    ("bound-unit-stopped", HIGH, re.compile(r"is bound to inactive unit (\S+?)\.? Stopping, too"),
+    ("bound-unit-stopped", HIGH, re.compile(r"is bound to inactive unit (\S+?)\.? Stopping, too|"
+                                            r"this engine stopped with its weight-cache daemon (\S+?),"),
      ("systemd stopped this unit because the unit it is bound to (BindsTo=) went away, e.g. an engine's "
       "weight-cache daemon (specdeploy-<engine>-weights.service): its journal says why it ended; starting this unit "
       "starts it again first (for a daemon, a full load), as does the next deploy.")),

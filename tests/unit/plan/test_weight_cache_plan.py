@@ -141,3 +141,34 @@ def test_plan_command_for_vllm_032_shows_the_daemon(fp8, tmp_path):
     r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "plan", "-i", str(inv), "--limit", "gpu-a"],
                        capture_output=True, text=True)
     assert "has no weight-cache daemon" in r.stdout and "0.30.0" in r.stdout  # the example pins 0.16.0
+
+
+@pytest.mark.parametrize("state,result,says", [("failed", "signal", True), ("inactive", "success", True),
+                                               ("active", "success", False)])
+def test_the_engine_says_in_its_journal_that_it_stopped_with_its_daemon(fp8, tmp_path, state, result, says):
+    """systemd stops a unit bound to one that died and logs nothing of its own about it: the engine unit's
+    ExecStopPost= writes the line triage reads, run here as systemd would run it (a fake systemctl answering)."""
+    import shlex
+
+    from specdeploy.triage import triage_lines
+    engine = render_host("h", host(copy=fp8)).files["/etc/systemd/system/specdeploy-vllm.service"]
+    line = next(x for x in engine.splitlines() if x.startswith("ExecStopPost="))
+    argv = [a.replace("$$", "$") for a in shlex.split(line.removeprefix("ExecStopPost=-"))]
+    assert argv[:2] == ["/bin/sh", "-c"]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "systemctl").write_text(f"#!/bin/sh\ncase \"$1\" in is-active) echo {state};; show) echo {result};; "
+                                    "esac\n")
+    (fake / "systemctl").chmod(0o755)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True,
+                         env={"PATH": f"{fake}:/usr/bin:/bin"}).stdout
+    assert bool(out.strip()) == says, out
+    if says:
+        journal = ["Stopping specdeploy-vllm.service - specdeploy vllm 0.32.0 inference engine...",
+                   "INFO:     Shutting down", "INFO:     Application shutdown complete.", *out.splitlines(),
+                   "specdeploy-vllm.service: Deactivated successfully."]
+        r = triage_lines(journal)
+        assert (r.outcome, r.signature) == ("killed", "bound-unit-stopped"), r
+        assert f"specdeploy-vllm-weights.service, which is {state} (result: {result})" in r.root_cause
+    no_daemon = render_host("h", host("vllm", "0.16.0", copy=fp8)).files["/etc/systemd/system/specdeploy-vllm.service"]
+    assert "ExecStopPost" not in no_daemon

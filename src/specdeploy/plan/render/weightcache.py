@@ -101,3 +101,17 @@ def daemon_files(host: str, hv: HostVars, rank, env: dict[str, str], image: str 
                "without_daemon": d.without_daemon, "host_pid": d.host_pid, "files": sorted(files), "why": why,
                "memory_fraction": adapter.memory_fraction(hv, True), "notes": d.notes}
     return files, summary
+
+
+STOPPED_WITH = "specdeploy: this engine stopped with its weight-cache daemon"
+
+
+def stop_post(engine: str) -> list[str]:
+    """The engine unit's ExecStopPost= where it is bound to a daemon: one journal line naming the daemon and its
+    state when the engine stops while the daemon is not active. systemd stops a unit bound to one that died without a
+    line of its own (its retroactive stop logs nothing), so without this the engine's journal would show only a
+    stop nobody asked for; triage reads this line (the signature ``bound-unit-stopped``)."""
+    d = unit_name("weight_cache", engine)
+    script = (f's=$(systemctl is-active {d}); [ "$s" = active ] || echo "{STOPPED_WITH} {d}, which is $s '
+              f'(result: $(systemctl show -p Result --value {d}))"')
+    return ["/bin/sh", "-c", script]
