@@ -79,11 +79,12 @@ def specdeploy_gate_argv(settings, out, baseline=None):
     return command_line(plain(settings), str(out), None if baseline is None else str(baseline))
 
 
-def specdeploy_gate_vars_file(inventory_dir, host):
-    """The inventory file that holds a host's gate verdict (the variables that apply it)."""
+def specdeploy_gate_vars_file(inventory_dir, host, writing=True):
+    """The inventory file that holds a host's gate verdict (the variables that apply it); ``writing``: refused
+    where a directory there would hide the host's host_vars file."""
     from specdeploy.plan.render.paths import gate_vars_file
     try:
-        return gate_vars_file(str(inventory_dir), str(host))
+        return gate_vars_file(str(inventory_dir), str(host), bool(writing))
     except ValueError as exc:
         raise AnsibleFilterError(str(exc)) from None
 

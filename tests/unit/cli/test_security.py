@@ -314,9 +314,9 @@ def _gv(name, text):
     ("yml-beside-yaml", _gv("specdeploy_engines.yaml", "specdeploy_port: 8001\n"), "ignores the rest"),
     ("reserved-groups", _gv("all.yml", "groups: {}\n"), "reserves"),
     ("reserved-inventory-dir", _gv("all.yml", "inventory_dir: /tmp\n"), "reserves"),
-    ("bool-port", lambda inv, ctx: (inv / "host_vars" / "gpu-b.yml").write_text("specdeploy_port: true\n"),
+    ("bool-port", lambda inv, ctx: (inv / "host_vars" / "gpu-b" / "specdeploy_nccl.yml").write_text("specdeploy_port: true\n"),
      "boolean"),
-    ("zoned-ipv6", lambda inv, ctx: (inv / "host_vars" / "gpu-b.yml").write_text("ansible_host: fe80::1%eth0\n"),
+    ("zoned-ipv6", lambda inv, ctx: (inv / "host_vars" / "gpu-b" / "specdeploy_nccl.yml").write_text("ansible_host: fe80::1%eth0\n"),
      "zone"),
     ("two-groups-two-engines", lambda inv, ctx: _two_groups(inv), "two values"),
 ])
