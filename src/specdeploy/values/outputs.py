@@ -2,8 +2,8 @@
 
 - A path the tool may never write: the filesystem root, a system directory or anything inside one
   (:data:`SYSTEM_DIRS`, ``/var/tmp`` and specdeploy's own state directory excepted), the home directory itself,
-  ``/home`` and each entry of it (a user's home), and the working directory itself (``--out .`` or ``--out ''``). Checked on the path as given
-  and on the path with its links resolved.
+  ``/home`` and each entry of it (a user's home), and the working directory itself (``--out .`` or
+  ``--out ''``). Checked on the path as given and on the path with its links resolved.
 - A file the tool did not write is never written into or replaced: an existing output is replaced only when it
   carries the command's mark (each format its own: a JSON key, a PNG text chunk, a comment line), recognised by
   the ``recognise`` function the command passes; a link, a directory, a FIFO, a socket or a device is refused.
