@@ -155,7 +155,7 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None, probe_pytho
             rep.add("error", "specdeploy_api_key_file", f"{key}: cannot read it ({exc.strerror})",
                     "make the file readable by the user who runs the deploy", host)
     if hv.specdeploy_spec_gate and hv.specdeploy_spec_enabled and inv_dir is not None:
-        from specdeploy.plan.render.paths import gate_vars_file
+        from specdeploy.hostvars.varsfile import gate_vars_file
         try:  # where the gate will record its verdict, before it measures anything
             gate_vars_file(str(inv_dir), host)
         except ValueError as exc:
