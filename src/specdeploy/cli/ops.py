@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from specdeploy.engines import DEFAULT as DEFAULT_ENGINE
 from specdeploy.values.errors import Finding, SpecdeployError
 from specdeploy.cli.app import app
 from specdeploy.cli.options import (ENGINE_HELP, ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error,
-                                    fail, known_engine, vault)
+                                    fail, inventory_optional, known_engine, vault)
 from specdeploy.values.terminal import safe
 
 
@@ -122,7 +123,8 @@ def breakeven_cmd(acceptance_length: Optional[float] = typer.Option(None, "--acc
                   margin: Optional[float] = typer.Option(None, "--margin", help="default: the gate's"),
                   target: Optional[Path] = typer.Option(None, "--target", help="model directory (config.json): "
                                                         "predict the step ratio before any drafter exists"),
-                  hardware: str = typer.Option("h200_nvl8", "--hardware", help="hardware profile"),
+                  hardware: Optional[str] = typer.Option(None, "--hardware", help="hardware profile (default "
+                                                         "h200_nvl8; with --measure, the host's)"),
                   batch: Optional[List[str]] = typer.Option(None, "--batch", help="batch sizes (1,8,32,64)"),
                   k: Optional[List[str]] = typer.Option(None, "--k", help="draft tokens (1,2,3,4)"),
                   routing_trace: Optional[Path] = typer.Option(None, "--routing-trace",
@@ -136,13 +138,43 @@ def breakeven_cmd(acceptance_length: Optional[float] = typer.Option(None, "--acc
                                               "holds (0: weights only)"),
                   one_layer: bool = typer.Option(False, "--one-layer", help="one MoE layer at 16 bits, as "
                                                  "bench/verify_cost.py builds it"),
+                  measure: bool = typer.Option(False, "--measure", help="measure the price on this host: start its "
+                                               "engine with the synthetic rejection method (and --drafter), sweep "
+                                               "AL, k and load, write the surface (docs/speculation.md)"),
+                  inventory: Optional[str] = inventory_optional("With --measure: the inventory that holds --host."),
+                  host: Optional[str] = typer.Option(None, "--host", help="with --measure: the engine host to "
+                                                     "measure (this machine; its engine unit stopped)"),
+                  acceptance_lengths: str = typer.Option("1.5,2,2.5,3", "--acceptance-lengths",
+                                                         help="with --measure: the synthetic acceptance lengths"),
+                  concurrency: str = typer.Option("1,8,32", "--concurrency", help="with --measure: load levels "
+                                                  "(the gate's)"),
+                  requests: Optional[int] = typer.Option(None, "--requests", min=1, help="with --measure: "
+                                                         "requests per level (default 4 x c, >= 16)"),
+                  max_tokens: int = typer.Option(128, "--max-tokens", min=1, help="with --measure: tokens each "
+                                                 "request generates"),
+                  drafter: Optional[List[str]] = typer.Option(None, "--drafter", help="with --measure: also measure "
+                                                              "this drafter directory at each k ([AL@]DIR: AL is "
+                                                              "the acceptance length it is expected to reach)"),
+                  no_synthetic: bool = typer.Option(False, "--no-synthetic", help="with --measure: the given "
+                                                    "drafters only"),
+                  work: Optional[Path] = typer.Option(None, "--work", help="with --measure: where the generated "
+                                                      "head and the engine logs go (default: a new directory "
+                                                      "beside --out)"),
+                  out: Path = typer.Option(Path("surface"), "--out", help="with --measure: a new directory for "
+                                           "surface.json and surface.png"),
                   as_json: bool = Json):
-    """Predicted speedup of speculation and whether to keep it (--acceptance-length, --step-ratio); or, with
-    --target, the step ratio verification costs and the acceptance length a drafter needs."""
+    """Predicted speedup of speculation and whether to keep it (--acceptance-length, --step-ratio); with --target,
+    the step ratio verification costs and the acceptance length a drafter needs; with --measure -i INV --host H,
+    the same measured by the host's own engine (the speedup surface and the AL each load band needs)."""
     from specdeploy.hostvars.argcheck import finite
     from specdeploy.speculation.gate import breakeven
     from specdeploy.speculation.verifycost import gate_margin
     margin = gate_margin() if margin is None else margin
+    if measure:
+        _measure(inventory, host, k, acceptance_lengths, concurrency, requests, max_tokens, margin, drafter,
+                 no_synthetic, target, hardware, work, out, as_json)
+        return
+    hardware = hardware or "h200_nvl8"
     if target is not None:
         _verify_cost(target, hardware, batch, k, routing_trace, locality, draft_cost, context, one_layer, margin,
                      acceptance_length, as_json)
@@ -241,6 +273,138 @@ def _verify_cost(target, hardware, batch, k, routing_trace, locality, draft_cost
         if not r.reachable:
             line += f"  (above k+1 = {r.k + 1}: out of reach at uniform routing)"
         print(line)
+
+
+MEASURE_CMD = "breakeven --measure"
+
+
+def _floats(text: str, option: str, minimum: float) -> list[float]:
+    try:
+        out = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or not all(math.isfinite(x) and x >= minimum for x in out):
+        error(option, f"'{text}' is not a list of numbers >= {minimum:g}", f"give e.g. {option} 1.5,2,2.5,3")
+    return sorted(set(out))
+
+
+def _drafters(items: list[str] | None) -> list[tuple[str, str, float | None]]:
+    out = []
+    for item in items or []:
+        head, sep, rest = item.partition("@")
+        al = None
+        if sep:
+            try:
+                al = float(head)
+            except ValueError:
+                rest = item
+        path = Path(rest if sep and al is not None else item)
+        if al is not None and not (math.isfinite(al) and al >= 1):
+            error("--drafter", f"'{item}': {head} is not an acceptance length >= 1", "give [AL@]DIR, e.g. 1.8@/d")
+        if not (path / "config.json").is_file():
+            error("--drafter", f"no config.json in {path}", "give a drafter directory ([AL@]DIR)")
+        out.append((path.name, str(path.resolve()), al))
+    return out
+
+
+def _measure(inventory, host, k, acceptance_lengths, concurrency, requests, max_tokens, margin, drafter,
+             no_synthetic, target, hardware, work, out, as_json):
+    """``breakeven --measure``: inputs, the measurement, the surface written, what it says."""
+    from specdeploy.plan.outdir import check_target
+    runner, plan, target_dir = _measure_inputs(inventory, host, k, acceptance_lengths, concurrency, requests,
+                                               max_tokens, margin, drafter, no_synthetic, target, hardware, work,
+                                               out)
+    try:
+        check_target(out, MEASURE_CMD)
+    except SpecdeployError as exc:
+        fail(exc)
+    from specdeploy.ops.measure import run
+
+    def say(m: str):
+        print(f"[measure] {safe(m)}", file=sys.stderr, flush=True)
+    try:
+        surface = run(runner, plan, target_dir, say)
+    except SpecdeployError as exc:
+        fail(exc)
+    except KeyboardInterrupt:
+        error(MEASURE_CMD, f"interrupted: nothing was written to {safe(out)}", "run it again to measure", 130)
+    surface["host"] = host
+    _measure_write(surface, out)
+    if as_json:
+        print(json.dumps(surface, indent=2))
+    else:
+        _measure_print(surface, out)
+    if not any(p.get("speedup") is not None for p in surface["points"]):
+        raise typer.Exit(1)
+
+
+def _measure_inputs(inventory, host, k, acceptance_lengths, concurrency, requests, max_tokens, margin, drafter,
+                    no_synthetic, target, hardware, work, out):
+    from specdeploy.hostvars import inventory as inv_mod
+    from specdeploy.ops.measure import Runner
+    from specdeploy.speculation.measure import Plan
+    if not inventory or not host:
+        error("--inventory" if not inventory else "--host", "missing", "give -i INVENTORY --host HOST with --measure")
+    if not (math.isfinite(margin) and 0 <= margin <= 10):
+        error("--margin", f"{margin!r} is out of range", "give a fraction from 0 to 10 (0.10 is 10%)")
+    levels, _ = _gate_levels(concurrency, None)
+    als = _floats(acceptance_lengths, "--acceptance-lengths", 1.0)
+    drafters = _drafters(drafter)
+    if no_synthetic and not drafters:
+        error("--no-synthetic", "nothing left to measure", "give --drafter DIR, or leave --no-synthetic out")
+    try:
+        h = inv_mod.load(inventory, host).host(host)
+        hv = h.hv
+        work = work or out.parent / f".{out.name}.work"
+        runner = Runner(host, h.vars, work)
+        target_dir = target or Path(hv.specdeploy_model_path)
+        roofline = None
+        profile = hardware or hv.specdeploy_hardware
+        if (target_dir / "config.json").is_file() and profile != "custom":
+            from specdeploy.speculation.verifycost import load_target, peaks
+            roofline = (load_target(target_dir), peaks(profile))
+    except SpecdeployError as exc:
+        fail(exc)
+    plan = Plan(hv.specdeploy_engine, hv.specdeploy_engine_version, _ints(k, [1, 2, 3, 4], "--k"), als, levels,
+                requests, max_tokens, margin, synthetic=not no_synthetic, drafters=drafters, roofline=roofline)
+    return runner, plan, target_dir
+
+
+def _measure_write(surface: dict, out: Path) -> None:
+    from specdeploy.plan.outdir import atomic_output_dir
+    from specdeploy.speculation.surface import FILE, chart
+    try:
+        with atomic_output_dir(out, MEASURE_CMD) as tmp:
+            (tmp / FILE).write_text(json.dumps(surface, indent=2) + "\n")
+            chart(surface, tmp / "surface.png")
+    except SpecdeployError as exc:
+        fail(exc)
+    except OSError as exc:
+        error("--out", f"cannot write {safe(out)} ({exc.strerror or exc})", "give a writable directory")
+
+
+def _measure_print(s: dict, out: Path) -> None:
+    from specdeploy.speculation.surface import summary
+    r = s.get("refused")
+    if r:
+        print(f"synthetic method: refused. {safe(r['reason'])}")
+        print(f"fallback: {safe(r['fallback'])}")
+        for row in s.get("roofline_needed") or []:
+            print(f"  roofline k={row['k']} c={row['concurrency']}: AL for 1.0x {row['breakeven'][0]:.2f}-"
+                  f"{row['breakeven'][1]:.2f}, for {1 + s['margin']:.2f}x {row['keep'][0]:.2f}-{row['keep'][1]:.2f}")
+    for f in s.get("failures") or []:
+        print(f"failed: {safe(f['label'])}: {safe(f['failure'])}")
+    for p in s["points"]:
+        what = p.get("drafter") or f"synthetic AL {p['al_requested']:g}"
+        sp, iv = p.get("speedup"), p.get("speedup_interval")
+        print(f"{safe(what):<24} k={p['k']} c={p['concurrency']:<4} AL {p['al_measured'] or 0:.2f}  "
+              f"tok/s {p['output_tps']:8.1f}  speedup " + (f"{sp:.2f}" if sp is not None else "-")
+              + (f" ({iv[0]:.2f}-{iv[1]:.2f})" if iv else ""))
+    for k in sorted({int(p["k"]) for p in s["points"] if p.get("speedup") is not None}):
+        print(f"AL needed for {1 + s['margin']:.2f}x at k={k}:")
+        for line in summary(s, k):
+            print("  " + safe(line))
+    print(f"wrote {safe(out / 'surface.json')} and {safe(out / 'surface.png')}")
 
 
 GATE_CMD = "gate"
