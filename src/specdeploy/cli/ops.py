@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -171,6 +170,7 @@ def breakeven_cmd(acceptance_length: Optional[float] = typer.Option(None, "--acc
     from specdeploy.speculation.verifycost import gate_margin
     margin = gate_margin() if margin is None else margin
     if measure:
+        from specdeploy.cli.measure import measure as _measure
         _measure(inventory, host, k, acceptance_lengths, concurrency, requests, max_tokens, margin, drafter,
                  no_synthetic, target, hardware, work, out, as_json)
         return
@@ -275,138 +275,6 @@ def _verify_cost(target, hardware, batch, k, routing_trace, locality, draft_cost
         print(line)
 
 
-MEASURE_CMD = "breakeven --measure"
-
-
-def _floats(text: str, option: str, minimum: float) -> list[float]:
-    try:
-        out = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        out = []
-    if not out or not all(math.isfinite(x) and x >= minimum for x in out):
-        error(option, f"'{text}' is not a list of numbers >= {minimum:g}", f"give e.g. {option} 1.5,2,2.5,3")
-    return sorted(set(out))
-
-
-def _drafters(items: list[str] | None) -> list[tuple[str, str, float | None]]:
-    out = []
-    for item in items or []:
-        head, sep, rest = item.partition("@")
-        al = None
-        if sep:
-            try:
-                al = float(head)
-            except ValueError:
-                rest = item
-        path = Path(rest if sep and al is not None else item)
-        if al is not None and not (math.isfinite(al) and al >= 1):
-            error("--drafter", f"'{item}': {head} is not an acceptance length >= 1", "give [AL@]DIR, e.g. 1.8@/d")
-        if not (path / "config.json").is_file():
-            error("--drafter", f"no config.json in {path}", "give a drafter directory ([AL@]DIR)")
-        out.append((path.name, str(path.resolve()), al))
-    return out
-
-
-def _measure(inventory, host, k, acceptance_lengths, concurrency, requests, max_tokens, margin, drafter,
-             no_synthetic, target, hardware, work, out, as_json):
-    """``breakeven --measure``: inputs, the measurement, the surface written, what it says."""
-    from specdeploy.plan.outdir import check_target
-    runner, plan, target_dir = _measure_inputs(inventory, host, k, acceptance_lengths, concurrency, requests,
-                                               max_tokens, margin, drafter, no_synthetic, target, hardware, work,
-                                               out)
-    try:
-        check_target(out, MEASURE_CMD)
-    except SpecdeployError as exc:
-        fail(exc)
-    from specdeploy.ops.measure import run
-
-    def say(m: str):
-        print(f"[measure] {safe(m)}", file=sys.stderr, flush=True)
-    try:
-        surface = run(runner, plan, target_dir, say)
-    except SpecdeployError as exc:
-        fail(exc)
-    except KeyboardInterrupt:
-        error(MEASURE_CMD, f"interrupted: nothing was written to {safe(out)}", "run it again to measure", 130)
-    surface["host"] = host
-    _measure_write(surface, out)
-    if as_json:
-        print(json.dumps(surface, indent=2))
-    else:
-        _measure_print(surface, out)
-    if not any(p.get("speedup") is not None for p in surface["points"]):
-        raise typer.Exit(1)
-
-
-def _measure_inputs(inventory, host, k, acceptance_lengths, concurrency, requests, max_tokens, margin, drafter,
-                    no_synthetic, target, hardware, work, out):
-    from specdeploy.hostvars import inventory as inv_mod
-    from specdeploy.ops.measure import Runner
-    from specdeploy.speculation.measure import Plan
-    if not inventory or not host:
-        error("--inventory" if not inventory else "--host", "missing", "give -i INVENTORY --host HOST with --measure")
-    if not (math.isfinite(margin) and 0 <= margin <= 10):
-        error("--margin", f"{margin!r} is out of range", "give a fraction from 0 to 10 (0.10 is 10%)")
-    levels, _ = _gate_levels(concurrency, None)
-    als = _floats(acceptance_lengths, "--acceptance-lengths", 1.0)
-    drafters = _drafters(drafter)
-    if no_synthetic and not drafters:
-        error("--no-synthetic", "nothing left to measure", "give --drafter DIR, or leave --no-synthetic out")
-    try:
-        h = inv_mod.load(inventory, host).host(host)
-        hv = h.hv
-        work = work or out.parent / f".{out.name}.work"
-        runner = Runner(host, h.vars, work)
-        target_dir = target or Path(hv.specdeploy_model_path)
-        roofline = None
-        profile = hardware or hv.specdeploy_hardware
-        if (target_dir / "config.json").is_file() and profile != "custom":
-            from specdeploy.speculation.verifycost import load_target, peaks
-            roofline = (load_target(target_dir), peaks(profile))
-    except SpecdeployError as exc:
-        fail(exc)
-    plan = Plan(hv.specdeploy_engine, hv.specdeploy_engine_version, _ints(k, [1, 2, 3, 4], "--k"), als, levels,
-                requests, max_tokens, margin, synthetic=not no_synthetic, drafters=drafters, roofline=roofline)
-    return runner, plan, target_dir
-
-
-def _measure_write(surface: dict, out: Path) -> None:
-    from specdeploy.plan.outdir import atomic_output_dir
-    from specdeploy.speculation.surface import FILE, chart
-    try:
-        with atomic_output_dir(out, MEASURE_CMD) as tmp:
-            (tmp / FILE).write_text(json.dumps(surface, indent=2) + "\n")
-            chart(surface, tmp / "surface.png")
-    except SpecdeployError as exc:
-        fail(exc)
-    except OSError as exc:
-        error("--out", f"cannot write {safe(out)} ({exc.strerror or exc})", "give a writable directory")
-
-
-def _measure_print(s: dict, out: Path) -> None:
-    from specdeploy.speculation.surface import summary
-    r = s.get("refused")
-    if r:
-        print(f"synthetic method: refused. {safe(r['reason'])}")
-        print(f"fallback: {safe(r['fallback'])}")
-        for row in s.get("roofline_needed") or []:
-            print(f"  roofline k={row['k']} c={row['concurrency']}: AL for 1.0x {row['breakeven'][0]:.2f}-"
-                  f"{row['breakeven'][1]:.2f}, for {1 + s['margin']:.2f}x {row['keep'][0]:.2f}-{row['keep'][1]:.2f}")
-    for f in s.get("failures") or []:
-        print(f"failed: {safe(f['label'])}: {safe(f['failure'])}")
-    for p in s["points"]:
-        what = p.get("drafter") or f"synthetic AL {p['al_requested']:g}"
-        sp, iv = p.get("speedup"), p.get("speedup_interval")
-        print(f"{safe(what):<24} k={p['k']} c={p['concurrency']:<4} AL {p['al_measured'] or 0:.2f}  "
-              f"tok/s {p['output_tps']:8.1f}  speedup " + (f"{sp:.2f}" if sp is not None else "-")
-              + (f" ({iv[0]:.2f}-{iv[1]:.2f})" if iv else ""))
-    for k in sorted({int(p["k"]) for p in s["points"] if p.get("speedup") is not None}):
-        print(f"AL needed for {1 + s['margin']:.2f}x at k={k}:")
-        for line in summary(s, k):
-            print("  " + safe(line))
-    print(f"wrote {safe(out / 'surface.json')} and {safe(out / 'surface.png')}")
-
-
 GATE_CMD = "gate"
 
 
@@ -433,6 +301,10 @@ def gate_cmd(url: str = typer.Option(..., "--url", help="the engine's base URL")
              hardware: str = typer.Option("h200_nvl8", "--hardware", help="hardware profile, with --target"),
              api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="a file holding the engine's API "
                                                          "key"),
+             schedule: Optional[Path] = typer.Option(
+                 None, "--schedule", help="a gate report whose verdict keeps bands of k per load: measure the engine "
+                 "serving them (rendered) at each band's load and both sides of each threshold against --baseline, "
+                 "and write the verdict after it (--concurrency is then the schedule's loads)"),
              out: Path = typer.Option(Path("gate"), "--out", help="a new directory for report.json and its chart "
                                       "(only an earlier gate output is replaced)"),
              as_json: bool = Json):
@@ -449,7 +321,10 @@ def gate_cmd(url: str = typer.Option(..., "--url", help="the engine's base URL")
                                                 prompts, target, hardware)
     except SpecdeployError as exc:
         fail(exc)
-    report = _gate_measure(url, engine, levels, requests, max_tokens, prompts, base, k, margin, key, shares, out)
+    if schedule is not None:
+        report = _gate_schedule(schedule, url, engine, base, requests, max_tokens, prompts, key, shares, out)
+    else:
+        report = _gate_measure(url, engine, levels, requests, max_tokens, prompts, base, k, margin, key, shares, out)
     if roofline is not None:
         from specdeploy.speculation.verifycost import add_predictions
         try:
@@ -539,6 +414,23 @@ def _gate_measure(url, engine, levels, requests, max_tokens, prompts, base, k, m
     return report
 
 
+def _gate_schedule(path, url, engine, base, requests, max_tokens, prompts, key, shares, out) -> dict:
+    """``gate --schedule``: the kept bands measured as rendered (speculation/schedule.py)."""
+    from specdeploy.hostvars.argcheck import read_json_object
+    from specdeploy.speculation.schedule import report
+    if base is None:
+        error("--baseline", "missing", "give the baseline report (speculation off) measured at the schedule's loads")
+    try:
+        kept = read_json_object(path, "--schedule", "a report.json written by `specdeploy gate`")
+        return report(kept, url, engine, base, requests, max_tokens, prompts, key, shares)
+    except SpecdeployError as exc:
+        fail(exc)
+    except OSError as exc:
+        error("--url", f"cannot use {safe(url)}: {safe(exc)}", "check the engine is up and serves the schedule")
+    except KeyboardInterrupt:
+        error("gate", f"interrupted: nothing was written to {safe(out)}", "run it again to measure", 130)
+
+
 def _gate_write(report: dict, out: Path) -> None:
     """report.json and its chart, written beside --out and renamed in (plan.outdir)."""
     from specdeploy.plan.outdir import atomic_output_dir
@@ -570,6 +462,13 @@ def _gate_print(report: dict, out: Path) -> None:
     for b in report.get("k_by_batch") or []:
         print(f"band from {b['from_batch']:<4} running requests (c={b['concurrency']}): k={b['k']}  "
               f"predicted {b['predicted_speedup']:.2f}x")
+    for r in (report.get("schedule_check") or {}).get("rows", []):
+        sp, iv = r["speedup"], r["interval"]
+        print(f"as rendered at {r['load']:<4} running requests ({r['role']}, k={r['k']}): "
+              + (f"{sp:.2f}x" if sp is not None else "-") + (f" (95% {iv[0]:.2f}-{iv[1]:.2f})" if iv else "")
+              + f" against speculation off: {r['outcome']}")
+    for r in (report.get("schedule_check") or {}).get("replaced", []):
+        print(f"band from {r['from_batch']}: k={r['k_was']} -> k={r['k_now']}: {safe(r['why'])}")
     one = report.get("single_k")
     if one and len(report.get("k_by_batch") or []) > 1:
         print(f"one k for every load: k={one['k']} at {one['weighted_speedup']:.2f}x traffic-weighted"
