@@ -5,7 +5,9 @@ rope, context length, dtype), its aux layers are the ones the release captures b
 so the doctor's aux rule holds on either engine), its tensors are the parameters the release builds for that config
 (``drafter.head.build``: the layer prefix, the norms and ``fc`` its switches build), plus ``lm_head`` over a draft
 vocabulary with ``d2t``/``t2d`` (the first regular tokens and the target's end-of-turn tokens, as trainers select
-them). The embedding is left to the target's (the releases share it when the head has none).
+them; a target whose vocabulary is no larger than the draft vocabulary gets a full-vocabulary head without them,
+which vLLM 0.32.0 refuses beside a full vocabulary: "no module or parameter named 'draft_id_to_target_id'", seen on
+its CPU build). The embedding is left to the target's (the releases share it when the head has none).
 
 Weights are ``random`` (a bounded random block of the head's dtype, repeated: every draft token differs, so a verify
 step routes its draft tokens as varied text does; norms are ones) or ``zeros`` (holes in a sparse file: no disk, for
@@ -107,8 +109,9 @@ def tensor_specs(cfg: dict, t: TargetModel, engine: str, version: str, work: Pat
     dt = DTYPES[cfg["torch_dtype"]]
     specs = {n: (dt, tuple(s)) for n, s in sorted(head.required.items())}
     specs["lm_head.weight"] = (dt, (cfg["draft_vocab_size"], cfg["hidden_size"]))
-    specs["d2t"] = ("I64", (cfg["draft_vocab_size"],))
-    specs["t2d"] = ("BOOL", (cfg["vocab_size"],))
+    if cfg["draft_vocab_size"] < cfg["vocab_size"]:  # a full-vocabulary head maps nothing (vLLM 0.32.0 builds no
+        specs["d2t"] = ("I64", (cfg["draft_vocab_size"],))  # draft_id_to_target_id then, and refuses a d2t)
+        specs["t2d"] = ("BOOL", (cfg["vocab_size"],))
     return specs
 
 
@@ -193,11 +196,12 @@ def _write_tensors(path: Path, specs: dict, sel: list[int], fill: str, seed: int
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
         off += n
     head = encode_header(header)
-    vocab = specs["t2d"][1][0]
-    mask = bytearray(vocab)
-    for i in sel:
-        mask[i] = 1
-    data = {"d2t": struct.pack(f"<{len(sel)}q", *[t - i for i, t in enumerate(sel)]), "t2d": bytes(mask)}
+    data = {}
+    if "t2d" in specs:
+        mask = bytearray(specs["t2d"][1][0])
+        for i in sel:
+            mask[i] = 1
+        data = {"d2t": struct.pack(f"<{len(sel)}q", *[t - i for i, t in enumerate(sel)]), "t2d": bytes(mask)}
     blocks: dict[str, bytes] = {}
     with open(path, "wb") as fh:
         fh.write(head)

@@ -107,3 +107,17 @@ def test_a_target_without_its_shape_is_refused_by_name(tmp_path):
     with pytest.raises(SpecdeployError) as ei:
         synth.write(tmp_path / "h", t, "vllm", "0.32.0")
     assert "config.json" in str(ei.value)
+
+
+def test_a_target_no_larger_than_the_draft_vocabulary_gets_a_full_vocabulary_head_without_a_map(tmp_path):
+    """vLLM 0.32.0 builds no draft_id_to_target_id for a full draft vocabulary and refuses a d2t beside it (its
+    CPU build: "There is no module or parameter named 'draft_id_to_target_id' in Eagle3LlamaForCausalLM")."""
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+        "num_hidden_layers": 4, "num_attention_heads": 8, "vocab_size": 512, "torch_dtype": "bfloat16"}))
+    made = synth.write(tmp_path / "h", target, "vllm", "0.32.0", fill="zeros")
+    assert made["config"]["draft_vocab_size"] == 512
+    assert "d2t" not in made["tensors"] and "t2d" not in made["tensors"]
+    assert made["tensors"]["lm_head.weight"] == ["BF16", [512, 256]]
