@@ -58,12 +58,13 @@ def _drafters(items: list[str] | None) -> list[tuple[str, str, float | None]]:
 
 
 def measure(inventory, host, k, acceptance_lengths, concurrency, requests, max_tokens, margin, drafter,
-             no_synthetic, target, hardware, work, out, as_json):
+            no_synthetic, target, hardware, work, out, as_json, paired=False):
     """``breakeven --measure``: inputs, the measurement, the surface written, what it says."""
     from specdeploy.plan.outdir import check_target
     runner, plan, target_dir = _measure_inputs(inventory, host, k, acceptance_lengths, concurrency, requests,
                                                max_tokens, margin, drafter, no_synthetic, target, hardware, work,
                                                out)
+    plan.paired = paired
     try:
         check_target(out, MEASURE_CMD)
     except SpecdeployError as exc:

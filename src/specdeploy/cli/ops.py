@@ -156,6 +156,9 @@ def breakeven_cmd(acceptance_length: Optional[float] = typer.Option(None, "--acc
                                                               "the acceptance length it is expected to reach)"),
                   no_synthetic: bool = typer.Option(False, "--no-synthetic", help="with --measure: the given "
                                                     "drafters only"),
+                  paired: bool = typer.Option(False, "--paired", help="with --measure: keep the baseline engine up "
+                                              "(frozen while idle) and measure each round of a point right after a "
+                                              "round of it; for hosts that hold two engines at once"),
                   work: Optional[Path] = typer.Option(None, "--work", help="with --measure: where the generated "
                                                       "head and the engine logs go (default: a new directory "
                                                       "beside --out)"),
@@ -172,7 +175,7 @@ def breakeven_cmd(acceptance_length: Optional[float] = typer.Option(None, "--acc
     if measure:
         from specdeploy.cli.measure import measure as _measure
         _measure(inventory, host, k, acceptance_lengths, concurrency, requests, max_tokens, margin, drafter,
-                 no_synthetic, target, hardware, work, out, as_json)
+                 no_synthetic, target, hardware, work, out, as_json, paired)
         return
     hardware = hardware or "h200_nvl8"
     if target is not None:

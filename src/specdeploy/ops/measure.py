@@ -123,7 +123,8 @@ class Runner:
                 raise EngineFailed(f"the engine exited with status {proc.returncode} before it was ready", tail())
             try:
                 peerhttp.text(url + get(hv.specdeploy_engine).health.readiness, 5)
-                return Launched(url, tail, stop)
+                return Launched(url, tail, stop, lambda: _signal(proc, signal.SIGSTOP),
+                                lambda: _signal(proc, signal.SIGCONT))
             except OSError:
                 pass
             if time.monotonic() > until:
@@ -132,11 +133,21 @@ class Runner:
             time.sleep(0.5)
 
 
+def _signal(proc: subprocess.Popen, sig):
+    """A signal to the engine's process group (SIGSTOP / SIGCONT: a paired measurement's idle engine)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def _stop(proc: subprocess.Popen, grace: float = 60.0):
-    """``systemctl stop``: SIGTERM to the process group, SIGKILL to what is left after ``grace``."""
+    """``systemctl stop``: SIGTERM to the process group (thawed, should it be frozen), SIGKILL to what is left after
+    ``grace``."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 15.0)):
         try:
             os.killpg(proc.pid, sig)
+            os.killpg(proc.pid, signal.SIGCONT)
         except ProcessLookupError:
             return
         end = time.monotonic() + wait

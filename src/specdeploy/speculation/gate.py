@@ -336,6 +336,7 @@ def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requ
         lv["acceptance_length"] = 1 + a / d if d > 0 else None
         lv["acceptance_rate"] = a / dt if dt > 0 else None
         lv["drafts_per_token"] = d / sum(tokens) if tokens and sum(tokens) else None  # 0: no drafting at this load
+        lv["counts"] = {"drafts": d, "draft_tokens": dt, "accepted": a}
         keys = sorted(after.per_pos, key=lambda x: int(x))
         lv["per_position"] = [(after.per_pos[p] - before.per_pos.get(p, 0.0)) / d for p in keys] if d > 0 else []
         lv["rounds_al"] = rounds_al

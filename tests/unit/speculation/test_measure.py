@@ -147,3 +147,22 @@ def test_the_cli_names_a_missing_host_and_a_bad_list(tmp_path):
                         "--host", "h", "--acceptance-lengths", "0.5,2"], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(SRC)})
     assert r.returncode == 2 and "--acceptance-lengths" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_paired_sweep_keeps_the_baseline_up_and_measures_each_round_beside_one_of_it(tmp_path, venv):
+    runner = Runner("simhost", _host(venv), tmp_path / "work")
+    launch = Simulated(runner)
+    plan = Plan("vllm", "0.32.0", ks=[1], als=[1.5, 2.0], concurrency=[1, 2], requests=8, max_tokens=16,
+                synthetic=True, head=str(DRAFTER), paired=True, drafters=[("d", str(DRAFTER), None)])
+    s = sweep(launch, plan)
+    # the first synthetic point is tried with one request (a refusing build costs one start), then measured paired
+    assert launch.starts == ["synthetic AL 1.5, k=1", "baseline", "synthetic AL 1.5, k=1", "synthetic AL 2, k=1",
+                             "d, k=1"]
+    assert s["paired"] is True and s["failures"] == [] and len(s["points"]) == 6
+    for p in s["points"]:
+        assert p["paired"] and len(p["rounds_tps"]) == len(p["baseline_rounds_tps"]) == 4
+        lo, hi = p["speedup_interval"]
+        assert lo <= p["speedup"] <= hi
+    assert {c: len(lv["rounds_tps"]) for c, lv in s["baseline"]["levels"].items()} == {"1": 12, "2": 12}
+    d = [p for p in s["points"] if p["drafter"] == "d"]
+    assert all(p["al_measured"] > 1.3 for p in d)  # the simulator's default acceptance, 0.7 per token
