@@ -79,18 +79,19 @@ def specdeploy_gate_argv(settings, out, baseline=None):
     return command_line(plain(settings), str(out), None if baseline is None else str(baseline))
 
 
-def specdeploy_gate_vars_file(inventory_dir, host):
-    """The inventory file that holds a host's gate verdict (the variables that apply it)."""
-    from specdeploy.plan.render.paths import gate_vars_file
+def specdeploy_gate_vars_file(inventory_dir, host, writing=True):
+    """The inventory file that holds a host's gate verdict (the variables that apply it); ``writing``: refused
+    where a directory there would hide the host's host_vars file."""
+    from specdeploy.hostvars.varsfile import gate_vars_file
     try:
-        return gate_vars_file(str(inventory_dir), str(host))
+        return gate_vars_file(str(inventory_dir), str(host), bool(writing))
     except ValueError as exc:
         raise AnsibleFilterError(str(exc)) from None
 
 
 def specdeploy_host_vars_file(inventory_dir, host, name):
     """A specdeploy file in a host's host_vars directory of the inventory (e.g. specdeploy_nccl.yml)."""
-    from specdeploy.plan.render.paths import host_vars_file
+    from specdeploy.hostvars.varsfile import host_vars_file
     try:
         return host_vars_file(str(inventory_dir), str(host), str(name))
     except ValueError as exc:
