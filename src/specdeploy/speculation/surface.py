@@ -11,7 +11,8 @@ This module holds what is computed from those runs and read by the decisions:
   as speedup proportional to AL beyond them, and "out of reach" above k + 1;
 - :func:`speedup_at`: the surface's speedup at any AL for a (k, load) it measured (the gate's prediction for
   another k);
-- :func:`band_needs`: per load band, what the gate, the exporter and ``drafter check`` compare live acceptance with;
+- :func:`band_needs`: per load band, the AL live acceptance is to be compared with (the gate, the exporter and
+  ``drafter check`` do not read a surface yet);
 - :func:`read` / :func:`problem`: a surface file, bounded and validated (it is read by long-running services);
 - :func:`chart`: the PNG (speedup against AL per load, one line per k, the roofline's range beside it).
 """
