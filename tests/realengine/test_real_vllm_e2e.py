@@ -1,7 +1,8 @@
 """The real vLLM 0.32.0 CPU build, end to end: the engine started from the command line specdeploy renders for a
 host (testing/realrun.py), passed by specdeploy's readiness code and a real chat completion; the exporter's
 figures against the engine's own /metrics; the gate's verdicts over real baseline and speculative runs; triage of a
-real SIGTERM and a real kill -9; an MLA + MoE (kimi_k2) target with an EAGLE-3 drafter.
+real SIGTERM and a real kill -9. (The MLA + MoE kimi_k2 target with an EAGLE-3 drafter: test_real_vllm_price.py, on
+the engine that measures its band schedule.)
 
 Engines are few (each launch costs 30-90 s of two cores) and one runs at a time: an idle vLLM CPU worker polls
 its queue and takes CPU from the engine being measured. The baseline is measured and stopped first, then the good
@@ -21,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specdeploy.speculation.exporter import SpecCollector, parse_engine_metrics
 from specdeploy.speculation.gate import gate, verdict_overrides
 from specdeploy.plan import render_host
-from specdeploy.testing import realengine, realrun, tinymodels
+from specdeploy.testing import realrun, tinymodels
 
 pytestmark = pytest.mark.realengine
 
@@ -247,26 +248,3 @@ def test_kill_9_is_killed(random_drafter):
     assert "SIGKILL" in res["root_cause"]
     # the engine core and its worker do not end with the API server (systemd's control-group kill ends them)
     assert not random_drafter._group_alive()
-
-
-# ---- an MLA + MoE target (kimi_k2) with an EAGLE-3 drafter ----------------------------------------------------
-def test_kimi_k2_mla_moe_target_serves_with_eagle3(logs):
-    realrun.tiny_cache_from_env()
-    target, drafter = tinymodels.target("kimi_k2"), tinymodels.drafter("kimi_k2", "good")
-    eng = realrun.serve(realrun.host_vars(target, drafter, k=K), logs / "kimi_k2")
-    try:
-        for i in range(3):
-            eng.chat([{"role": "user", "content": f"list {i + 2} colours"}], max_tokens=24)
-        t = totals(eng.metrics())
-        log = eng.log.read_text()
-    finally:
-        assert eng.stop() == 0
-    assert json.loads((target / "config.json").read_text())["model_type"] == "kimi_k2"
-    assert "Resolved architecture: LlamaForCausalLMEagle3" in log
-    # With AMX the target's layers run the engine's AMX MLA kernel; without it the CPU build cannot pair its MLA
-    # kernel's 16-token KV blocks with the drafter's (multiples of 32), and the target runs with MLA turned off.
-    if realengine.amx("0.32.0"):
-        assert "Using AMX_MLA backend" in log and "VLLM_MLA_DISABLE" not in eng.env
-    else:
-        assert eng.env.get("VLLM_MLA_DISABLE") == "1" and "_MLA backend" not in log
-    assert t["drafts"] > 0 and t["accepted"] / t["drafts"] > 0.5

@@ -13,7 +13,7 @@ from specdeploy.engines import DEFAULT as DEFAULT_ENGINE
 from specdeploy.values.errors import Finding, SpecdeployError
 from specdeploy.cli.app import app
 from specdeploy.cli.options import (ENGINE_HELP, ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error,
-                                    fail, known_engine, vault)
+                                    fail, inventory_optional, known_engine, vault)
 from specdeploy.values.terminal import safe
 
 
@@ -122,7 +122,8 @@ def breakeven_cmd(acceptance_length: Optional[float] = typer.Option(None, "--acc
                   margin: Optional[float] = typer.Option(None, "--margin", help="default: the gate's"),
                   target: Optional[Path] = typer.Option(None, "--target", help="model directory (config.json): "
                                                         "predict the step ratio before any drafter exists"),
-                  hardware: str = typer.Option("h200_nvl8", "--hardware", help="hardware profile"),
+                  hardware: Optional[str] = typer.Option(None, "--hardware", help="hardware profile (default "
+                                                         "h200_nvl8; with --measure, the host's)"),
                   batch: Optional[List[str]] = typer.Option(None, "--batch", help="batch sizes (1,8,32,64)"),
                   k: Optional[List[str]] = typer.Option(None, "--k", help="draft tokens (1,2,3,4)"),
                   routing_trace: Optional[Path] = typer.Option(None, "--routing-trace",
@@ -136,13 +137,47 @@ def breakeven_cmd(acceptance_length: Optional[float] = typer.Option(None, "--acc
                                               "holds (0: weights only)"),
                   one_layer: bool = typer.Option(False, "--one-layer", help="one MoE layer at 16 bits, as "
                                                  "bench/verify_cost.py builds it"),
+                  measure: bool = typer.Option(False, "--measure", help="measure the price on this host: start its "
+                                               "engine with the synthetic rejection method (and --drafter), sweep "
+                                               "AL, k and load, write the surface (docs/speculation.md)"),
+                  inventory: Optional[str] = inventory_optional("With --measure: the inventory that holds --host."),
+                  host: Optional[str] = typer.Option(None, "--host", help="with --measure: the engine host to "
+                                                     "measure (this machine; its engine unit stopped)"),
+                  acceptance_lengths: str = typer.Option("1.5,2,2.5,3", "--acceptance-lengths",
+                                                         help="with --measure: the synthetic acceptance lengths"),
+                  concurrency: str = typer.Option("1,8,32", "--concurrency", help="with --measure: load levels "
+                                                  "(the gate's)"),
+                  requests: Optional[int] = typer.Option(None, "--requests", min=1, help="with --measure: "
+                                                         "requests per level (default 4 x c, >= 16)"),
+                  max_tokens: int = typer.Option(128, "--max-tokens", min=1, help="with --measure: tokens each "
+                                                 "request generates"),
+                  drafter: Optional[List[str]] = typer.Option(None, "--drafter", help="with --measure: also measure "
+                                                              "this drafter directory at each k ([AL@]DIR: AL is "
+                                                              "the acceptance length it is expected to reach)"),
+                  no_synthetic: bool = typer.Option(False, "--no-synthetic", help="with --measure: the given "
+                                                    "drafters only"),
+                  paired: bool = typer.Option(False, "--paired", help="with --measure: keep the baseline engine up "
+                                              "(frozen while idle) and measure each round of a point right after a "
+                                              "round of it; for hosts that hold two engines at once"),
+                  work: Optional[Path] = typer.Option(None, "--work", help="with --measure: where the generated "
+                                                      "head and the engine logs go (default: a new directory "
+                                                      "beside --out)"),
+                  out: Path = typer.Option(Path("surface"), "--out", help="with --measure: a new directory for "
+                                           "surface.json and surface.png"),
                   as_json: bool = Json):
-    """Predicted speedup of speculation and whether to keep it (--acceptance-length, --step-ratio); or, with
-    --target, the step ratio verification costs and the acceptance length a drafter needs."""
+    """Predicted speedup of speculation and whether to keep it (--acceptance-length, --step-ratio); with --target,
+    the step ratio verification costs and the acceptance length a drafter needs; with --measure -i INV --host H,
+    the same measured by the host's own engine (the speedup surface and the AL each load band needs)."""
     from specdeploy.hostvars.argcheck import finite
     from specdeploy.speculation.gate import breakeven
     from specdeploy.speculation.verifycost import gate_margin
     margin = gate_margin() if margin is None else margin
+    if measure:
+        from specdeploy.cli.measure import measure as _measure
+        _measure(inventory, host, k, acceptance_lengths, concurrency, requests, max_tokens, margin, drafter,
+                 no_synthetic, target, hardware, work, out, as_json, paired)
+        return
+    hardware = hardware or "h200_nvl8"
     if target is not None:
         _verify_cost(target, hardware, batch, k, routing_trace, locality, draft_cost, context, one_layer, margin,
                      acceptance_length, as_json)
@@ -269,6 +304,10 @@ def gate_cmd(url: str = typer.Option(..., "--url", help="the engine's base URL")
              hardware: str = typer.Option("h200_nvl8", "--hardware", help="hardware profile, with --target"),
              api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="a file holding the engine's API "
                                                          "key"),
+             schedule: Optional[Path] = typer.Option(
+                 None, "--schedule", help="a gate report whose verdict keeps bands of k per load: measure the engine "
+                 "serving them (rendered) at each band's load and both sides of each threshold against --baseline, "
+                 "and write the verdict after it (--concurrency is then the schedule's loads)"),
              out: Path = typer.Option(Path("gate"), "--out", help="a new directory for report.json and its chart "
                                       "(only an earlier gate output is replaced)"),
              as_json: bool = Json):
@@ -285,7 +324,10 @@ def gate_cmd(url: str = typer.Option(..., "--url", help="the engine's base URL")
                                                 prompts, target, hardware)
     except SpecdeployError as exc:
         fail(exc)
-    report = _gate_measure(url, engine, levels, requests, max_tokens, prompts, base, k, margin, key, shares, out)
+    if schedule is not None:
+        report = _gate_schedule(schedule, url, engine, base, requests, max_tokens, prompts, key, shares, out)
+    else:
+        report = _gate_measure(url, engine, levels, requests, max_tokens, prompts, base, k, margin, key, shares, out)
     if roofline is not None:
         from specdeploy.speculation.verifycost import add_predictions
         try:
@@ -375,6 +417,23 @@ def _gate_measure(url, engine, levels, requests, max_tokens, prompts, base, k, m
     return report
 
 
+def _gate_schedule(path, url, engine, base, requests, max_tokens, prompts, key, shares, out) -> dict:
+    """``gate --schedule``: the kept bands measured as rendered (speculation/schedule.py)."""
+    from specdeploy.hostvars.argcheck import read_json_object
+    from specdeploy.speculation.schedule import report
+    if base is None:
+        error("--baseline", "missing", "give the baseline report (speculation off) measured at the schedule's loads")
+    try:
+        kept = read_json_object(path, "--schedule", "a report.json written by `specdeploy gate`")
+        return report(kept, url, engine, base, requests, max_tokens, prompts, key, shares)
+    except SpecdeployError as exc:
+        fail(exc)
+    except OSError as exc:
+        error("--url", f"cannot use {safe(url)}: {safe(exc)}", "check the engine is up and serves the schedule")
+    except KeyboardInterrupt:
+        error("gate", f"interrupted: nothing was written to {safe(out)}", "run it again to measure", 130)
+
+
 def _gate_write(report: dict, out: Path) -> None:
     """report.json and its chart, written beside --out and renamed in (plan.outdir)."""
     from specdeploy.plan.outdir import atomic_output_dir
@@ -406,6 +465,13 @@ def _gate_print(report: dict, out: Path) -> None:
     for b in report.get("k_by_batch") or []:
         print(f"band from {b['from_batch']:<4} running requests (c={b['concurrency']}): k={b['k']}  "
               f"predicted {b['predicted_speedup']:.2f}x")
+    for r in (report.get("schedule_check") or {}).get("rows", []):
+        sp, iv = r["speedup"], r["interval"]
+        print(f"as rendered at {r['load']:<4} running requests ({r['role']}, k={r['k']}): "
+              + (f"{sp:.2f}x" if sp is not None else "-") + (f" (95% {iv[0]:.2f}-{iv[1]:.2f})" if iv else "")
+              + f" against speculation off: {r['outcome']}")
+    for r in (report.get("schedule_check") or {}).get("replaced", []):
+        print(f"band from {r['from_batch']}: k={r['k_was']} -> k={r['k_now']}: {safe(r['why'])}")
     one = report.get("single_k")
     if one and len(report.get("k_by_batch") or []) > 1:
         print(f"one k for every load: k={one['k']} at {one['weighted_speedup']:.2f}x traffic-weighted"

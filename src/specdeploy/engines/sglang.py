@@ -21,6 +21,7 @@ from specdeploy.engines.base import (
     parse_version,
 )
 from specdeploy.engines.sglang_tables import (  # noqa: F401 (re-exported: the adapter's tables)
+    SYNTHETIC,
     VERSIONS,
     CAPABILITIES,
     LAYOUTS,
@@ -69,6 +70,7 @@ class SGLang(EngineAdapter):
     default_port = 30000
     DRAFTER = DRAFTER
     drafter_fallback = "vLLM"
+    synthetic_facts = SYNTHETIC  # the synthetic rejection method (engines/synthetic.py)
     eagle3_targets = e3.SGLANG_TARGETS
     eagle3_targets_read = e3.SGLANG_READ
     eagle3_interface = "set_eagle3_layers_to_capture"

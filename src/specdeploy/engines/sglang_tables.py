@@ -5,6 +5,7 @@ contract tests check them against the sources."""
 from __future__ import annotations
 
 from specdeploy.engines.base import Pin, Span, SpecMethod
+from specdeploy.engines.synthetic import SyntheticFacts
 
 VERSIONS = (
     "0.5.1", "0.5.1.post1", "0.5.1.post2", "0.5.1.post3", "0.5.2", "0.5.3", "0.5.3.post1", "0.5.3.post2",
@@ -260,3 +261,17 @@ WEIGHT_CACHE_QUANT_READ = ("0.5.17", "0.5.23")
 # Inductor, CUDA's JIT cache, TileLang and FlashInfer's workspace under it, set at import; DeepGEMM and CuTe AOT
 # below it too)
 COMPILE_CACHE_ENV = {"SGLANG_CACHE_DIR": ("sglang", Span("0.5.19"))}
+
+# The synthetic acceptance method (engines/synthetic.py): a benchmark switch in the engine's environment. With
+# SIMULATE_ACC_LEN (SGLANG_SIMULATE_ACC_LEN from 0.5.3) set above 0, the EAGLE verify step replaces its accept
+# index with a simulated one: each step draws the accepted length (bonus token included) for the whole batch.
+# SIMULATE_ACC_METHOD / SGLANG_SIMULATE_ACC_METHOD picks the draw: "multinomial" (a normal around the length, std
+# 1, rounded and clamped: its mean is not the length; the default up to 0.5.10) or "match-expected" (floor or ceil
+# with the length as expectation; the default from 0.5.11), which specdeploy always sets. Read in 0.5.1, 0.5.2,
+# 0.5.3, 0.5.10, 0.5.11 and 0.5.23 (spec_utils.py / eagle_utils.py, environ.py).
+SYNTHETIC = SyntheticFacts(
+    span=Span(), via="env",
+    settings=((Span(None, "0.5.3"), {"SIMULATE_ACC_LEN": "{al}", "SIMULATE_ACC_METHOD": "match-expected"}),
+              (Span("0.5.3"), {"SGLANG_SIMULATE_ACC_LEN": "{al}", "SGLANG_SIMULATE_ACC_METHOD": "match-expected"})),
+    notes="one accepted length per step for the whole batch; EAGLE verify only",
+    read=("0.5.1", "0.5.2", "0.5.3", "0.5.10", "0.5.11", "0.5.23"))

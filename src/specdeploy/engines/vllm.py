@@ -19,6 +19,7 @@ from specdeploy.engines.base import (
     dumps_compact,
 )
 from specdeploy.engines.vllm_tables import (  # noqa: F401 (re-exported: the adapter's tables)
+    SYNTHETIC,
     VERSIONS,
     CAPABILITIES,
     SPEC_KEYS,
@@ -72,6 +73,7 @@ class VLLM(EngineAdapter):
     image_cuda = IMAGE_CUDA
     source_release = "sdist"
     DRAFTER = DRAFTER
+    synthetic_facts = SYNTHETIC  # the synthetic rejection method (engines/synthetic.py)
     eagle3_targets = e3.VLLM_TARGETS
     eagle3_targets_read = e3.VLLM_READ
     eagle3_whitelist = e3.VLLM_WHITELIST

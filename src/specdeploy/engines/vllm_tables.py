@@ -4,6 +4,7 @@ The adapter (``engines/vllm.py``) answers from these tables; the contract tests 
 from __future__ import annotations
 
 from specdeploy.engines.base import MiB, Pin, Span, SpecMethod
+from specdeploy.engines.synthetic import Refusal, SyntheticFacts
 
 VERSIONS = (
     "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2",
@@ -45,8 +46,9 @@ SPEC_KEYS = {
     **{k: Span("0.33.0") for k in (
         "attention_backend", "moe_backend", "kv_cache_dtype", "disable_eagle_block_drop",
         "disable_lookahead_block_hashes", "draft_lm_head_quantization", "use_heterogeneous_vocab",
-        "index_share_for_mtp_iteration", "draft_sample_method", "synthetic_acceptance_rates",
-        "synthetic_acceptance_length")},
+        "index_share_for_mtp_iteration", "draft_sample_method")},
+    # the synthetic rejection method's targets (SYNTHETIC below): in 0.20.0 and every release read after it
+    **{k: Span("0.20.0") for k in ("synthetic_acceptance_rates", "synthetic_acceptance_length")},
 }
 
 FLAGS = {
@@ -425,3 +427,20 @@ COMPILE_CACHE_ENV = {
     "FLASHINFER_WORKSPACE_BASE": ("flashinfer", Span()),
     "CUDA_CACHE_PATH": ("nv", Span()),
 }
+
+# The synthetic rejection method (engines/synthetic.py): SpeculativeConfig.rejection_sample_method "synthetic"
+# accepts each draft position at a calibrated rate, whatever the drafter proposed; the accepted token is the draft
+# token. "synthetic" is a value from 0.19.0 (with one synthetic_acceptance_rate); from 0.20.0 the config takes
+# synthetic_acceptance_length (in [1, k + 1], resolved by _acceptance_length_to_rates to the minimum-variance
+# per-position rates) or synthetic_acceptance_rates, never both. The GPU model runners apply it in their Triton
+# rejection kernels (greedy and random paths). The CPU build registers C++ replacements for those kernels when
+# Triton has no CPU backend, and from 0.21.0 they assert (vllm/utils/cpu_triton_utils.py, both paths); measured on
+# the real 0.32.0 CPU build: the engine passes its health check, and the first request fails (HTTP 500) with the
+# assertion in the worker's log. Read in 0.19.0, 0.20.0, 0.21.0, 0.22.0, 0.30.0, 0.32.0 and 0.33.0.
+SYNTHETIC = SyntheticFacts(
+    span=Span("0.20.0"), via="spec_config",
+    settings=((Span("0.20.0"), {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": "{al}"}),),
+    refusals=(Refusal("cpu", Span("0.21.0"), "Synthetic acceptance not supported with CPU sampling",
+                      "vllm/utils/cpu_triton_utils.py"),),
+    notes="the accepted tokens are the drafter's, so the text is the drafter's; use a drafter of the right shape",
+    read=("0.19.0", "0.20.0", "0.21.0", "0.22.0", "0.30.0", "0.32.0", "0.33.0"))

@@ -245,8 +245,9 @@ def read_metrics(url: str, engine: str, headers: dict | None = None) -> Sample:
                                        "give the --engine that serves --url")]) from None
 
 
-def _chat(url: str, model: str, messages, max_tokens: int, headers: dict) -> int:
-    body = json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
+def _chat(url: str, model: str, messages, max_tokens: int, headers: dict, extra: dict | None = None) -> int:
+    body = json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+                       **(extra or {})}).encode()
     resp = peerhttp.json_object(url.rstrip("/") + "/v1/chat/completions", 600,
                                 headers={"content-type": "application/json", **headers}, body=body)
     usage = resp.get("usage")
@@ -266,7 +267,10 @@ def model_name(url: str, headers: dict) -> str:
 
 
 def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requests: int, max_tokens: int,
-              headers: dict, rounds: int = ROUNDS) -> dict:
+              headers: dict, rounds: int = ROUNDS, extra: dict | None = None) -> dict:
+    """One concurrency level in ``rounds`` consecutive rounds: throughput per round, the acceptance the engine
+    reports (per round too where it counts drafts), failures. ``extra``: more fields of each request's body (e.g.
+    ``ignore_eos`` where every request must run to ``max_tokens``)."""
     before = read_metrics(url, engine)
     sg_samples: list[tuple[float, float]] = []
     stop = threading.Event()
@@ -295,12 +299,12 @@ def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requ
                     return
                 idx["i"] += 1
             try:
-                tokens.append(_chat(url, model, prompts[i % len(prompts)], max_tokens, headers))
+                tokens.append(_chat(url, model, prompts[i % len(prompts)], max_tokens, headers, extra))
             except Exception as exc:  # noqa: BLE001
                 errors.append(repr(exc)[:200])
 
     n_rounds = max(1, min(rounds, requests // concurrency))
-    rounds_tps, wall = [], 0.0
+    rounds_tps, rounds_al, wall, mark = [], [], 0.0, before
     for r in range(n_rounds):  # consecutive rounds: the spread between them is this run's noise
         limit["n"] = requests * (r + 1) // n_rounds
         done = sum(tokens)
@@ -313,6 +317,11 @@ def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requ
         dt = time.perf_counter() - t0
         wall += dt
         rounds_tps.append((sum(tokens) - done) / dt if dt else 0.0)
+        if counting:  # the acceptance of this round alone (the counters at its ends)
+            now = read_metrics(url, engine)
+            d = now.drafts - mark.drafts
+            rounds_al.append(1 + (now.accepted - mark.accepted) / d if d > 0 else None)
+            mark = now
     stop.set()
     after = read_metrics(url, engine)
     lv = {"concurrency": concurrency, "requests": requests, "errors": len(errors), "wall_s": wall,
@@ -326,8 +335,11 @@ def run_level(url: str, engine: str, model: str, prompts, concurrency: int, requ
         a = after.accepted - before.accepted
         lv["acceptance_length"] = 1 + a / d if d > 0 else None
         lv["acceptance_rate"] = a / dt if dt > 0 else None
+        lv["drafts_per_token"] = d / sum(tokens) if tokens and sum(tokens) else None  # 0: no drafting at this load
+        lv["counts"] = {"drafts": d, "draft_tokens": dt, "accepted": a}
         keys = sorted(after.per_pos, key=lambda x: int(x))
         lv["per_position"] = [(after.per_pos[p] - before.per_pos.get(p, 0.0)) / d for p in keys] if d > 0 else []
+        lv["rounds_al"] = rounds_al
     else:
         if sg_samples:
             lv["acceptance_length"] = statistics.mean(s[0] for s in sg_samples)
