@@ -7,8 +7,10 @@ when they drift.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import unicodedata
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -486,9 +488,53 @@ def _type_fix(err: dict) -> str:
     return "correct the value"
 
 
+# Validated variables by their content: a fleet's hosts mostly share their group's variables, and each distinct set
+# is validated once per process (bounded; a set whose findings name the host it was validated for is not shared).
+_SEEN: dict[str, tuple[str, HostVars | None, list[Finding]]] = {}
+_SEEN_MAX = 4096
+
+
+def content_key(ours: dict[str, Any]) -> str | None:
+    try:
+        return json.dumps(ours, sort_keys=True, allow_nan=True, default=lambda o: f"<{type(o).__name__}>{o!r}")
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
 def validate_host(host: str, variables: dict[str, Any]) -> HostVars:
-    """Validate the ``specdeploy_*`` variables of one host. Raises SpecdeployError with one line per problem."""
+    """Validate the ``specdeploy_*`` variables of one host. Raises SpecdeployError with one line per problem.
+    Hosts with the same ``specdeploy_*`` values share one validation (its findings carry each host's name)."""
     ours = {k: v for k, v in variables.items() if k.startswith(PREFIX)}
+    key = content_key(ours)
+    seen = _SEEN.get(key) if key is not None else None
+    if seen is not None:
+        first, hv, found = seen
+        problems = [replace(f, host=host if f.host == first else f.host) for f in found]
+        problems.extend(address_problems(host, variables))
+        if problems:
+            raise SpecdeployError(problems)
+        return hv.model_copy()
+    try:
+        hv = _validate(host, ours)
+        found: list[Finding] = []
+    except SpecdeployError as exc:
+        hv, found = None, list(exc.problems)
+    if key is not None and not any(_names(f, host) for f in found):
+        if len(_SEEN) >= _SEEN_MAX:
+            _SEEN.clear()
+        _SEEN[key] = (host, hv, [replace(f) for f in found])  # copies: a caller may edit what it gets
+    problems = found + address_problems(host, variables)
+    if problems:
+        raise SpecdeployError(problems)
+    return hv.model_copy()
+
+
+def _names(f: Finding, host: str) -> bool:
+    """Whether a finding's text names the host (then it is not shared with hosts of other names)."""
+    return any(host in (part or "") for part in (f.subject, f.message, f.fix))
+
+
+def _validate(host: str, ours: dict[str, Any]) -> HostVars:
     problems: list[Finding] = []
     for key in list(ours):
         if key in RENAMED:
@@ -515,7 +561,6 @@ def validate_host(host: str, variables: dict[str, Any]) -> HostVars:
             problems.append(Finding("error", subject, msg, _type_fix(err), host))
         raise SpecdeployError(problems) from None
     problems.extend(semantic_problems(host, hv))
-    problems.extend(address_problems(host, variables))
     if problems:
         raise SpecdeployError(problems)
     return hv
