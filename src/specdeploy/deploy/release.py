@@ -14,7 +14,8 @@ def specdeploy_plan(variables, host, overrides=None, hostvars=None, hosts=None):
     engine group) give a host of a multi-host serving group its rank."""
     from specdeploy.plan import render_host
     v, hv = validated(variables, host, overrides)
-    return render_host(host, hv, v.get("ansible_host", host), rank_of(host, v, hv, hostvars, hosts)).to_dict()
+    rank = rank_of(host, v, hv, hostvars, hosts, variables)
+    return render_host(host, hv, v.get("ansible_host", host), rank).to_dict()
 
 
 def specdeploy_secret_files(variables, host, key=""):
@@ -111,7 +112,7 @@ def specdeploy_probe_job(variables, host, probe_dir, overrides=None, hostvars=No
     from specdeploy.checks.probe import host_job
     v, hv = validated(variables, host, overrides)
     job = host_job(hv, str(probe_dir), str(host), v.get("ansible_host", host),
-                   rank_of(host, v, hv, hostvars, hosts))
+                   rank_of(host, v, hv, hostvars, hosts, variables))
     # the script and the job are data for the host, never templates (Python may hold '{{' or '{%')
     return {**job, "script": wrap_var(job["script"]), "job": wrap_var(job["job"])}
 

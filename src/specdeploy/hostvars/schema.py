@@ -290,7 +290,27 @@ class HostVars(BaseModel):
         8998, ge=1, le=65535, description="With `specdeploy_topology: pd`: the KV-transfer side channel's port "
         "(SGLang's bootstrap port on prefill hosts, vLLM's NIXL side channel).")
     specdeploy_serial: SerialCount | SerialPercent | None = Field(
-        None, description="Ansible `serial` for deploy.yml (e.g. 1 for a rolling deploy); default all at once.")
+        None, description="Ansible `serial` for deploy.yml and rollback.yml (hosts per batch, e.g. 1 or `25%`); a "
+        "fleet-wide setting (group_vars), read from the deploy's first engine host. Default: rolling batches that "
+        "keep serving groups whole from `specdeploy_rolling_from_hosts` engine hosts on (one group first, then "
+        "`specdeploy_rolling_batch_percent` of the fleet per batch), all at once below that.")
+    specdeploy_rolling_from_hosts: int = Field(
+        16, ge=1, le=100000, description="From how many engine hosts a deploy without `specdeploy_serial` rolls in "
+        "batches (a canary serving group, then `specdeploy_rolling_batch_percent` per batch, each holding whole "
+        "groups); a smaller inventory deploys all at once. Fleet-wide (group_vars).")
+    specdeploy_rolling_batch_percent: int = Field(
+        10, ge=1, le=100, description="Share of the fleet's engine hosts in each rolling batch after the canary "
+        "group, rounded up to whole serving groups. Fleet-wide (group_vars).")
+    specdeploy_max_fail_percentage: int = Field(
+        10, ge=0, le=100, description="The failure budget of a rolling batch (Ansible's `max_fail_percentage`): "
+        "when more than this share of a batch's hosts fails, the deploy stops before the next batch, so the "
+        "hosts of later batches keep serving their release; a failed host rolls back to its previous release "
+        "either way. Applies when the deploy rolls (`specdeploy_serial` or `specdeploy_rolling_from_hosts`); a "
+        "deploy of everything at once stops only at the failed hosts. Fleet-wide (group_vars).")
+    specdeploy_forks: int | None = Field(
+        None, ge=1, le=1000, description="How many hosts Ansible works on at once (`--forks`), as `specdeploy "
+        "deploy|rollback|verify` run the playbooks. Default: the largest batch, at least 10 and at most 100 "
+        "(`ansible.cfg` holds 25 for `ansible-playbook` run directly). Fleet-wide (group_vars).")
     specdeploy_port: int = Field(8000, ge=1, le=65535, description="Engine HTTP port.")
     specdeploy_bind_address: str = Field("0.0.0.0", description="Engine bind address.")
     specdeploy_api_key_file: str | None = Field(
