@@ -238,6 +238,16 @@ def preflight(inventory: str, limit: str | None = None, extra: dict | None = Non
     return out
 
 
+def grouped(reports: dict[str, Report]) -> list[tuple[list[str], bool, int, list[str]]]:
+    """Hosts whose findings read the same, listed once: (hosts, ok, errors, finding lines without the host), in
+    the order of each group's first host. A fleet's preflight is one block per distinct set of findings."""
+    same: dict[tuple, list[str]] = {}
+    for host, r in reports.items():
+        lines = tuple(replace(f, host=None).line() for f in r.findings)
+        same.setdefault((r.ok, len(r.errors), lines), []).append(host)
+    return [(names, ok, errors, list(lines)) for (ok, errors, lines), names in same.items()]
+
+
 def shared_key(host: str, variables: dict) -> str | None:
     """What a host's preflight depends on beyond its name: its ``specdeploy_*`` values (the controller files they
     name are read the same for every host). None when its address is one validate_host refuses (checked per

@@ -48,14 +48,10 @@ def preflight_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
     if as_json:
         print(json.dumps({"ok": ok, "hosts": {h: r.to_dict() for h, r in reports.items()}}, indent=2))
     else:
+        from specdeploy.checks.preflight import grouped
         from specdeploy.values.hostranges import compact
         # hosts with the same findings (a fleet's hosts mostly have them) are listed once, by name ranges
-        same: dict[tuple, list[str]] = {}
-        for host, r in reports.items():
-            for f in r.findings:
-                f.host = None
-            same.setdefault((r.ok, len(r.errors), tuple(f.line() for f in r.findings)), []).append(host)
-        for (ok_, errors, lines), names in same.items():
+        for names, ok_, errors, lines in grouped(reports):
             who = safe(names[0]) if len(names) == 1 else f"{safe(compact(names))} ({len(names)} hosts)"
             print(f"== {who}: {'OK' if ok_ else f'{errors} error(s)'}")
             for line in lines:

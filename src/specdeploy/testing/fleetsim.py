@@ -183,3 +183,77 @@ def serving_release(state: Path, host: str) -> str:
         return ""
     cur = files.get(host_path("current"), {}).get("content") or ""
     return cur.strip()
+
+
+class Exporters:
+    """Every simulated host's spec exporter on one port: a threaded HTTP server on all addresses of the loopback
+    range that answers ``/metrics`` as the exporter of the host whose address the client asked (the socket's
+    local address), for ``specdeploy status`` at a fleet's size. ``behaviour`` maps an address to ``slow``
+    (answers after ``slow_s``), ``garbage``, ``down`` (the engine is down) or a release id; the rest serve
+    ``release``. Only clients on the loopback range are answered. Counts the most requests in flight at once."""
+
+    def __init__(self, behaviour: dict[str, str] | None = None, release: str = "r1", slow_s: float = 5.0):
+        import http.server
+        import socketserver
+        import threading
+        self.behaviour, self.release, self.slow_s = dict(behaviour or {}), release, slow_s
+        self.lock, self.inflight, self.peak, self.asked = threading.Lock(), 0, 0, set()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                if not self.client_address[0].startswith("127."):
+                    self.close_connection = True
+                    return
+                addr = self.request.getsockname()[0]
+                with outer.lock:
+                    outer.inflight += 1
+                    outer.peak = max(outer.peak, outer.inflight)
+                    outer.asked.add(addr)
+                try:
+                    body = outer.page(addr).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:
+                    pass
+                finally:
+                    with outer.lock:
+                        outer.inflight -= 1
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+            request_queue_size = 1024
+
+        self.server = Server(("0.0.0.0", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def page(self, addr: str) -> str:
+        what = self.behaviour.get(addr, self.release)
+        if what == "slow":
+            time.sleep(self.slow_s)
+            what = self.release
+        if what == "garbage":
+            return "\x00\x01 not metrics {{{\n"
+        up = 0.0 if what == "down" else 1.0
+        release = self.release if what == "down" else what
+        return ("# TYPE specdeploy_engine_up gauge\n"
+                f"specdeploy_engine_up {up}\n"
+                "# TYPE specdeploy_engine_info gauge\n"
+                f'specdeploy_engine_info{{engine="vllm",version="0.16.0",release="{release}",spec_tokens="3"}} 1.0\n'
+                "# TYPE specdeploy_spec_acceptance_length gauge\n"
+                "specdeploy_spec_acceptance_length 2.6\n")
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
