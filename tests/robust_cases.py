@@ -417,12 +417,13 @@ def argument_cases() -> list[Case]:
     tune = ["nccl", "tune", "--only", "default", "--no-aa", "--out", "{out}/t.json"]
     for label, v in WEIRD.items():
         c += [
-            Case(f"image-engine-{label}", ["engine", "image", "--engine", v, "--version", "0.16.0"], ("--engine",
-                                                                                                     "--version")),
-            Case(f"image-version-{label}", ["engine", "image", "--engine", "vllm", "--version", v], ("--version",)),
-            Case(f"image-patches-{label}", ["engine", "image", "--engine", "vllm", "--version", "0.16.0",
+            Case(f"image-engine-{label}", ["engine", "image", "--engine", v, "--engine-version", "0.16.0"],
+                 ("--engine", "--engine-version")),
+            Case(f"image-version-{label}", ["engine", "image", "--engine", "vllm", "--engine-version", v],
+                 ("--engine-version",)),
+            Case(f"image-patches-{label}", ["engine", "image", "--engine", "vllm", "--engine-version", "0.16.0",
                                             "--patches", v], ("--patches",)),
-            Case(f"image-field-{label}", ["engine", "image", "--engine", "sglang", "--version", "0.5.9",
+            Case(f"image-field-{label}", ["engine", "image", "--engine", "sglang", "--engine-version", "0.5.9",
                                           "--field", v], ("--field",)),
             Case(f"argv-host-{label}", ["engine", "argv", "-i", "{inv}", "--host", v], ("--host", "--limit")),
             Case(f"plan-limit-{label}", ["plan", "--json", "-i", "{inv}", "--limit", v], ("--limit",),

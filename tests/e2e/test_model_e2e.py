@@ -138,7 +138,8 @@ def _seeded(first: int, tmp_path_factory):
     gv.write_text(yaml.safe_dump({**yaml.safe_load(gv.read_text()),  # sandbox hosts: no GPUs, the simulator serves
         "specdeploy_sandbox": True, "specdeploy_runtime": "venv", "specdeploy_ready_timeout_s": 120,
         "specdeploy_engine_env": {"SPECDEPLOY_SIM_LOAD_SECONDS": "2", "SPECDEPLOY_SIM_STEP_MS": "5"}}))
-    (inv / "host_vars" / "gpu-b.yml").write_text((inv / "host_vars" / "gpu-b.yml").read_text() + yaml.safe_dump({
+    nccl_vars = inv / "host_vars" / "gpu-b" / "specdeploy_nccl.yml"
+    nccl_vars.write_text(nccl_vars.read_text() + yaml.safe_dump({
         "specdeploy_model_source": "controller", "specdeploy_model_path": B_MODEL,
         "specdeploy_model_controller_path": str(src / "kimi-k2.5-int4"), "specdeploy_drafter_path": B_DRAFTER,
         "specdeploy_drafter_source": "shared", "specdeploy_drafter_shared_path": SHARED}))

@@ -154,6 +154,13 @@ def preflight_host(host: str, variables: dict, inv_dir: Path | None, probe_pytho
         except OSError as exc:
             rep.add("error", "specdeploy_api_key_file", f"{key}: cannot read it ({exc.strerror})",
                     "make the file readable by the user who runs the deploy", host)
+    if hv.specdeploy_spec_gate and hv.specdeploy_spec_enabled and inv_dir is not None:
+        from specdeploy.hostvars.varsfile import gate_vars_file
+        try:  # where the gate will record its verdict, before it measures anything
+            gate_vars_file(str(inv_dir), host)
+        except ValueError as exc:
+            rep.add("error", "specdeploy_spec_gate", f"the gate could not record its verdict: {exc}",
+                    f"move the file into host_vars/{host}/, or set specdeploy_spec_gate: false", host)
     target = None
     source_findings(hv, "model", rep, host, inv_dir)
     tdir = _local(hv.specdeploy_model_config_copy, hv.specdeploy_model_controller_path, hv.specdeploy_model_path,

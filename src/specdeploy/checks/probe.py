@@ -264,7 +264,7 @@ def probe(target: Path, drafter: Path, engine: str, version: str | None = None, 
         return rep, ProbeRun(False, why=str(exc))
     version = version or cls.versions[-1]
     if version not in cls.versions:
-        rep.add("error", "--version", f"{cls.label} {version} is not a release specdeploy knows",
+        rep.add("error", "--engine-version", f"{cls.label} {version} is not a release specdeploy knows",
                 f"use one of {', '.join(cls.versions)}")
         return rep, ProbeRun(False, why="unknown release")
     for what, d in (("--target", target), ("--drafter", drafter)):

@@ -11,8 +11,9 @@ import typer
 
 from specdeploy.values.errors import SpecdeployError
 from specdeploy.cli.app import app
-from specdeploy.cli.options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail,
-                                    known_engine, output_dir, vault)
+from specdeploy.cli.options import (ENGINE_HELP, ENGINE_VERSION_HELP, ExtraVars, Inventory, Json, LegacyVersion, Limit,
+                                    VaultIds, VaultPasswordFiles, engine_version, error, fail, known_engine,
+                                    output_dir, vault)
 
 
 
@@ -95,7 +96,7 @@ def _rank_text(rank: dict | None) -> str:
 
 
 @engine_app.command("argv")
-def engine_argv(inventory: str = Inventory, host: str = typer.Option(..., "--host"),
+def engine_argv(inventory: str = Inventory, host: str = typer.Option(..., "--host", help="the inventory host"),
                 extra_vars: Optional[List[str]] = ExtraVars, as_json: bool = Json,
                 vault_id: Optional[List[str]] = VaultIds,
                 vault_password_file: Optional[List[str]] = VaultPasswordFiles):
@@ -123,10 +124,14 @@ def engine_argv(inventory: str = Inventory, host: str = typer.Option(..., "--hos
 
 
 @engine_app.command("image")
-def engine_image(engine: str = typer.Option(..., "--engine"), version: str = typer.Option(..., "--version"),
-                 patches: str = typer.Option("auto", "--patches"),
+def engine_image(engine: str = typer.Option(..., "--engine", help=ENGINE_HELP),
+                 new_version: Optional[str] = typer.Option(None, "--engine-version", help=ENGINE_VERSION_HELP),
+                 old_version: Optional[str] = LegacyVersion,
+                 patches: str = typer.Option("auto", "--patches", help="auto: the patch set the release needs; "
+                                             "none: the official image as it is"),
                  field: Optional[str] = typer.Option(None, "--field", help="print one field: tag, patch_set, ...")):
     """The image tag, patch set and build arguments for an engine version."""
+    version = engine_version(new_version, old_version)
     from specdeploy.engines import UnsupportedVersion, get
     from specdeploy.plan.images import image_tag, upstream_image
     from specdeploy.engines.patches import patch_set_id, required_patches
@@ -140,7 +145,7 @@ def engine_image(engine: str = typer.Option(..., "--engine"), version: str = typ
                 "build_args": {get(engine).version_arg: version,
                                "PATCH_SET": patch_set_id(engine, version, patches)}}
     except (UnsupportedVersion, KeyError) as exc:
-        error("--version", str(exc).strip("'\""), "use a supported engine and version")
+        error("--engine-version", str(exc).strip("'\""), "use a supported engine and version")
     if field is not None:
         if field not in info:
             error("--field", f"unknown field '{field}'", f"use one of {', '.join(info)}")
@@ -150,9 +155,13 @@ def engine_image(engine: str = typer.Option(..., "--engine"), version: str = typ
 
 
 @engine_app.command("standin")
-def engine_standin(engine: str = typer.Option(..., "--engine"), version: str = typer.Option(..., "--version"),
-                   out: Path = typer.Option(..., "--out")):
+def engine_standin(engine: str = typer.Option(..., "--engine", help=ENGINE_HELP),
+                   new_version: Optional[str] = typer.Option(None, "--engine-version", help=ENGINE_VERSION_HELP),
+                   old_version: Optional[str] = LegacyVersion,
+                   out: Path = typer.Option(..., "--out", help="a new directory for the build context (only an "
+                                            "earlier output of this command is replaced)")):
     """Sandbox: build context of the local stand-in for the official engine image (real engine sources)."""
+    version = engine_version(new_version, old_version)
     from specdeploy.plan.images import standin_context
     from specdeploy.engines.upstream import UpstreamError
     known_engine(engine)
@@ -166,7 +175,8 @@ def engine_standin(engine: str = typer.Option(..., "--engine"), version: str = t
 
 
 @app.command("wheelhouse")
-def wheelhouse_cmd(out: Path = typer.Option(..., "--out"),
+def wheelhouse_cmd(out: Path = typer.Option(..., "--out", help="a new directory for the wheels (only an earlier "
+                                            "wheelhouse is replaced)"),
                    target: Optional[str] = typer.Option(None, "--target",
                                                         help="hosts' PY_VERSION:MACHINE:GLIBC, e.g. 3.11:x86_64:2.36")):
     """Build the wheelhouse hosts install specdeploy from (offline), for the hosts' Python; prints its stamp."""

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from specdeploy.values.errors import SpecdeployError
-from specdeploy.cli.options import Json, fail
+from specdeploy.cli.options import ENGINE_HELP, Json, fail
 
 drafter_app = typer.Typer(no_args_is_help=True, help="Validate and convert EAGLE-3 drafters.")
 
@@ -27,8 +27,9 @@ SkipTargetCheck = typer.Option(False, "--skip-target-check", help="leave out whe
 
 
 @drafter_app.command("check")
-def check_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Option(..., "--target"),
-              engine: str = typer.Option(..., "--engine"),
+def check_cmd(drafter_dir: Path = typer.Argument(..., help="the drafter's directory"),
+              target: Path = typer.Option(..., "--target", help="the target's directory (its config.json)"),
+              engine: str = typer.Option(..., "--engine", help=ENGINE_HELP),
               engine_version: str = typer.Option(None, "--engine-version",
                                                  help="rules of this engine release (default: the newest known)"),
               skip_target_check: bool = SkipTargetCheck, as_json: bool = Json):
@@ -43,8 +44,11 @@ def check_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Opti
 
 
 @drafter_app.command("convert")
-def convert_cmd(drafter_dir: Path = typer.Argument(...), target: Path = typer.Option(..., "--target"),
-                engine: str = typer.Option(..., "--engine"), out: Path = typer.Option(..., "--out"),
+def convert_cmd(drafter_dir: Path = typer.Argument(..., help="the drafter's directory"),
+                target: Path = typer.Option(..., "--target", help="the target's directory (its config.json)"),
+                engine: str = typer.Option(..., "--engine", help=ENGINE_HELP),
+                out: Path = typer.Option(..., "--out", help="a new directory for the converted drafter (only an "
+                                         "earlier conversion is replaced)"),
                 engine_version: str = typer.Option(None, "--engine-version",
                                                    help="rules of this engine release (default: the newest known)"),
                 skip_target_check: bool = SkipTargetCheck, as_json: bool = Json):

@@ -305,7 +305,8 @@ for action, doc in (("deploy", "Provision, build, deploy (+gate) and verify thro
     def cmd(inventory: str = Inventory, limit: Optional[str] = Limit, extra_vars: Optional[List[str]] = ExtraVars,
             events: Optional[Path] = typer.Option(None, "--events", help="JSON lines event log (default "
                                                   ".cache/runs/<time>-<action>/events.jsonl)"),
-            skip_preflight: bool = typer.Option(False, "--skip-preflight"),
+            skip_preflight: bool = typer.Option(False, "--skip-preflight", help="run the playbook without specdeploy's "
+                                                "preflight first (the playbook runs its own)"),
             vault_id: Optional[List[str]] = VaultIds, vault_password_file: Optional[List[str]] = VaultPasswordFiles,
             _action: str = typer.Option(action, hidden=True)):
         _playbook(_action, inventory, limit, extra_vars, events, skip_preflight, vault(vault_id, vault_password_file))
@@ -316,8 +317,9 @@ for action, doc in (("deploy", "Provision, build, deploy (+gate) and verify thro
 def status_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
                prometheus: Optional[str] = typer.Option(None, "--prometheus", help="default: the monitoring "
                                                         "host's :9090"),
-               as_json: bool = Json, watch: bool = typer.Option(False, "--watch"),
-               interval: float = typer.Option(5.0, "--interval"),
+               as_json: bool = Json,
+               watch: bool = typer.Option(False, "--watch", help="redraw every --interval seconds"),
+               interval: float = typer.Option(5.0, "--interval", help="seconds between redraws with --watch"),
                timeout: float = typer.Option(2.0, "--timeout", help="total deadline of each host's and query's "
                                              "answer, seconds"),
                concurrency: int = typer.Option(128, "--concurrency", help="requests in flight at once"),
@@ -451,7 +453,7 @@ def canary_cmd(inventory: str = Inventory,
                concurrency: int = typer.Option(4, "--concurrency", help="matched load: streams on each side"),
                requests: int = typer.Option(8, "--requests", help="requests per round and side"),
                rounds: int = typer.Option(6, "--rounds", help="interleaved rounds per side (at least 2)"),
-               max_tokens: int = typer.Option(64, "--max-tokens"),
+               max_tokens: int = typer.Option(64, "--max-tokens", help="tokens each measured request generates"),
                tolerance: float = typer.Option(0.05, "--tolerance", help="how far the bottom of a 95%% interval "
                                                "may reach below 1 (noise) when the point beats the serving release"),
                out: Path = typer.Option(Path(".cache/canary"), "--out", help="directory for canary.json and "
@@ -509,13 +511,15 @@ def canary_cmd(inventory: str = Inventory,
 
 @app.command("report")
 def report_cmd(inventory: Optional[str] = inventory_optional(),
-               prometheus: Optional[str] = typer.Option(None, "--prometheus"),
+               prometheus: Optional[str] = typer.Option(None, "--prometheus", help="Prometheus base URL (default: the "
+                                                        "inventory's monitoring host)"),
                range_: str = typer.Option("1h", "--range", help="30m, 1h, 6h, ..."),
                nccl: Optional[Path] = typer.Option(None, "--nccl", help="`specdeploy nccl tune` result JSON, "
                                                    "for the all-reduce share"),
                layers: int = typer.Option(61, "--layers", min=1, help="decoder layers (Kimi-K2.5 / DeepSeek-V3: 61)"),
                k: int = typer.Option(3, "--k", min=0, help="draft tokens per step"),
-               out: Path = typer.Option(Path("report.png"), "--out"),
+               out: Path = typer.Option(Path("report.png"), "--out", help="the PNG to write (only an earlier report "
+                                        "is replaced)"),
                as_json: bool = Json, vault_id: Optional[List[str]] = VaultIds,
                vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Key dashboard panels as a PNG from Prometheus: acceptance length, speedup, tokens/s, all-reduce share."""

@@ -9,21 +9,24 @@ import typer
 
 from specdeploy.values.errors import SpecdeployError
 from specdeploy.cli.app import app
-from specdeploy.cli.options import Json, error, fail, known_engine
+from specdeploy.cli.options import (ENGINE_HELP, ENGINE_VERSION_HELP, Json, LegacyVersion, engine_version, error, fail,
+                                    known_engine)
 from specdeploy.values.hostpaths import host_path
 
 
 @app.command("simulate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def simulate_cmd(ctx: typer.Context, engine: str = typer.Option(..., "--engine"),
-                 version: str = typer.Option(..., "--version")):
+def simulate_cmd(ctx: typer.Context, engine: str = typer.Option(..., "--engine", help=ENGINE_HELP),
+                 new_version: Optional[str] = typer.Option(None, "--engine-version", help=ENGINE_VERSION_HELP),
+                 old_version: Optional[str] = LegacyVersion):
     """Engine simulator for demos and tests: serves the engine's HTTP/metrics contract without a GPU.
-    Usage: specdeploy simulate --engine vllm --version 0.16.0 -- vllm serve MODEL [flags]"""
+    Usage: specdeploy dev simulate --engine vllm --engine-version 0.16.0 -- vllm serve MODEL [flags]"""
     from specdeploy.engines import UnsupportedVersion
     from specdeploy.testing.simulator import run
+    version = engine_version(new_version, old_version)
     try:
         code = run(engine, version, list(ctx.args))
     except UnsupportedVersion as exc:
-        error("--version", str(exc), "use a supported engine and version")
+        error("--engine-version", str(exc), "use a supported engine and version")
     except (ValueError, OSError, OverflowError) as exc:  # bad JSON in a flag value, a bad port, a busy address
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         error("simulate", msg, "check the engine flags after --")
@@ -66,8 +69,10 @@ def ready_cmd(unit: Optional[str] = typer.Option(None, "--unit", help="the engin
 
 
 @app.command("exporter")
-def exporter_cmd(engine: str = typer.Option(..., "--engine"), engine_url: str = typer.Option(..., "--engine-url"),
-                 listen: str = typer.Option("0.0.0.0:9450", "--listen"), window: float = typer.Option(60, "--window"),
+def exporter_cmd(engine: str = typer.Option(..., "--engine", help=ENGINE_HELP),
+                 engine_url: str = typer.Option(..., "--engine-url", help="the engine's base URL (its /metrics)"),
+                 listen: str = typer.Option("0.0.0.0:9450", "--listen", help="ADDRESS:PORT to serve /metrics on"),
+                 window: float = typer.Option(60, "--window", help="seconds of counters the rates are taken over"),
                  info: Optional[List[str]] = typer.Option(None, "--info", help="KEY=VALUE for specdeploy_engine_info"),
                  gate_file: Optional[Path] = typer.Option(Path(host_path("gate_report")), "--gate-file",
                                                           help="the speculation gate's report the exporter "

@@ -7,8 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from specdeploy.cli.options import (Json, VaultIds, VaultPasswordFiles, error, fail, finite, inventory_optional,
-                                    vault)
+from specdeploy.cli.options import (ENGINE_VERSION_HELP, Json, VaultIds, VaultPasswordFiles, error, fail, finite,
+                                    inventory_optional, vault)
 from specdeploy.values.terminal import safe
 
 nccl_app = typer.Typer(no_args_is_help=True, help="Measure and choose the NCCL environment.")
@@ -32,20 +32,24 @@ def _hidden_from_config(path: Path) -> int:
 
 
 @nccl_app.command("tune")
-def tune_cmd(gpus: int = typer.Option(2, "--gpus", min=1),
-             hidden: Optional[int] = typer.Option(None, "--hidden", min=1),
+def tune_cmd(gpus: int = typer.Option(2, "--gpus", min=1, help="GPUs (ranks) of the all-reduce"),
+             hidden: Optional[int] = typer.Option(None, "--hidden", min=1, help="the model's hidden size (default: "
+                                                 "from --model)"),
              model: Optional[Path] = typer.Option(None, "--model", help="Model dir; hidden size from config.json."),
              candidates: Optional[Path] = typer.Option(None, "--candidates", help="YAML/JSON: name -> env."),
              only: Optional[str] = typer.Option(None, "--only", help="Comma list of candidate names to run."),
              base_env: Optional[List[str]] = typer.Option(None, "--base-env", help="K=V added to every run."),
              pcie: bool = typer.Option(False, "--pcie", help="Add the P2P-level candidates."),
-             modes: str = typer.Option("eager,graph", "--modes"), iters: int = typer.Option(50, "--iters", min=1),
-             timeout: float = typer.Option(180, "--timeout"),
+             modes: str = typer.Option("eager,graph", "--modes", help="eager, graph or both: CUDA-graph capture as "
+                                       "the engine decodes"),
+             iters: int = typer.Option(50, "--iters", min=1, help="timed all-reduces per size"),
+             timeout: float = typer.Option(180, "--timeout", help="seconds one candidate may run before it is killed"),
              rounds: int = typer.Option(1, "--rounds", min=1,
                                         help="Rounds; each runs every candidate in a freshly shuffled order."),
              seed: Optional[int] = typer.Option(None, "--seed", help="Shuffle seed (recorded in the results)."),
              aa: bool = typer.Option(True, "--aa/--no-aa", help="Run the default twice per round (A/A control)."),
-             out: Path = typer.Option(Path("nccl-results.json"), "--out")):
+             out: Path = typer.Option(Path("nccl-results.json"), "--out", help="the results JSON (only an earlier "
+                                      "results file is replaced)")):
     """Measure bf16 all-reduce of (tokens x hidden) for each candidate environment, in fresh processes,
     interleaved over --rounds rounds with the default as control in every round."""
     import yaml
@@ -127,23 +131,26 @@ def tune_cmd(gpus: int = typer.Option(2, "--gpus", min=1),
 
 @nccl_app.command("choose")
 def choose_cmd(results: List[Path] = typer.Argument(..., help="One or more `nccl tune` results files (pooled)."),
-               mode: str = typer.Option("graph", "--mode"),
+               mode: str = typer.Option("graph", "--mode", help="compare eager or graph latencies"),
                batch_mix: Optional[str] = typer.Option(None, "--batch-mix", help="TOKENS:WEIGHT,..."),
-               prefill_tolerance: float = typer.Option(0.03, "--prefill-tolerance"),
+               prefill_tolerance: float = typer.Option(0.03, "--prefill-tolerance", help="how much slower a prefill "
+                                                       "size may get (0.03: 3%)"),
                min_gain: float = typer.Option(0.03, "--min-gain", help="Smallest weighted decode gain to act on."),
-               min_rounds: int = typer.Option(3, "--min-rounds", min=1),
+               min_rounds: int = typer.Option(3, "--min-rounds", min=1, help="interleaved rounds needed to tell a "
+                                               "gain from noise"),
                engine: Optional[str] = typer.Option(None, "--engine", help="vllm or sglang: weight only what "
                                                     "that engine sends to NCCL."),
-               engine_version: Optional[str] = typer.Option(None, "--engine-version"),
+               engine_version: Optional[str] = typer.Option(None, "--engine-version", help=ENGINE_VERSION_HELP),
                hardware: Optional[str] = typer.Option(None, "--hardware", help="Hardware profile name."),
                custom_all_reduce: Optional[bool] = typer.Option(
                    None, "--custom-all-reduce/--no-custom-all-reduce", help="Default: the profile's."),
                inventory: Optional[str] = inventory_optional("Take engine, version, profile from this inventory."),
                host: Optional[str] = typer.Option(None, "--host", help="Host in --inventory."),
-               tuner_csv: Optional[Path] = typer.Option(None, "--tuner-csv"),
+               tuner_csv: Optional[Path] = typer.Option(None, "--tuner-csv", help="write the per-size choice as an "
+                                                        "NCCL tuner plugin CSV"),
                write_host_vars: Optional[Path] = typer.Option(None, "--write-host-vars",
                                                               help="host_vars/HOST.yml to update"),
-               chart: Optional[Path] = typer.Option(None, "--chart"),
+               chart: Optional[Path] = typer.Option(None, "--chart", help="write a PNG of the candidates' ratios"),
                as_json: bool = Json, vault_id: Optional[List[str]] = VaultIds,
                vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """Keep NCCL's default unless a candidate beats it consistently, beyond noise, on the traffic NCCL carries."""
@@ -264,7 +271,8 @@ def _print_choice(ch, items, mode):
 @nccl_app.command("topo")
 def topo_cmd(matrix: Path = typer.Option(None, "--matrix", help="Saved `nvidia-smi topo -m` output"),
              lspci: Optional[Path] = typer.Option(None, "--lspci", help="Saved `lspci -vvv` output"),
-             cmdline: Optional[Path] = typer.Option(None, "--cmdline")):
+             cmdline: Optional[Path] = typer.Option(None, "--cmdline", help="a saved /proc/cmdline (default: this "
+                                                  "machine's)")):
     """Explain when P2P can or cannot be used on this host (reads live tools when no file is given)."""
     import subprocess
     from specdeploy.nccl.pcie import explain, iommu_mode, parse_acs, parse_topo_matrix

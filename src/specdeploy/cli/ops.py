@@ -12,8 +12,8 @@ import typer
 from specdeploy.engines import DEFAULT as DEFAULT_ENGINE
 from specdeploy.values.errors import Finding, SpecdeployError
 from specdeploy.cli.app import app
-from specdeploy.cli.options import (ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error, fail,
-                                    known_engine, vault)
+from specdeploy.cli.options import (ENGINE_HELP, ExtraVars, Inventory, Json, Limit, VaultIds, VaultPasswordFiles, error,
+                                    fail, known_engine, vault)
 from specdeploy.values.terminal import safe
 
 
@@ -119,7 +119,8 @@ def triage_cmd(logfiles: Optional[List[Path]] = typer.Argument(None),
     raise typer.Exit(0 if res.root_cause or res.outcome == "clean-shutdown" else 1)
 
 @app.command("breakeven")
-def breakeven_cmd(acceptance_length: Optional[float] = typer.Option(None, "--acceptance-length"),
+def breakeven_cmd(acceptance_length: Optional[float] = typer.Option(None, "--acceptance-length",
+                                                                   help="tokens accepted per step, >= 1"),
                   step_ratio: Optional[float] = typer.Option(None, "--step-ratio", help="T_spec / T_base"),
                   margin: Optional[float] = typer.Option(None, "--margin", help="default: the gate's"),
                   target: Optional[Path] = typer.Option(None, "--target", help="model directory (config.json): "
@@ -249,15 +250,19 @@ GATE_CMD = "gate"
 
 
 @app.command("gate")
-def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(DEFAULT_ENGINE, "--engine"),
-             prompts: Optional[Path] = typer.Option(None, "--prompts"),
-             concurrency: str = typer.Option("1,8,32", "--concurrency"),
+def gate_cmd(url: str = typer.Option(..., "--url", help="the engine's base URL"),
+             engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=ENGINE_HELP),
+             prompts: Optional[Path] = typer.Option(None, "--prompts", help="chat prompts, one JSON per line "
+                                                    "(default: the built-in set)"),
+             concurrency: str = typer.Option("1,8,32", "--concurrency", help="load levels: concurrent requests, "
+                                             "comma-separated"),
              requests: Optional[int] = typer.Option(None, "--requests", min=1, help="per level; default 4 x c, >= 16"),
-             max_tokens: int = typer.Option(128, "--max-tokens", min=1),
+             max_tokens: int = typer.Option(128, "--max-tokens", min=1, help="tokens each request generates"),
              baseline: Optional[Path] = typer.Option(None, "--baseline",
                                                      help="report of a run without speculation"),
              k: Optional[int] = typer.Option(None, "--k", min=1, help="draft tokens deployed (default: from metrics)"),
-             margin: float = typer.Option(0.10, "--margin"),
+             margin: float = typer.Option(0.10, "--margin", help="the speedup speculation must beat 1.0 by "
+                                          "(0.10: 10%)"),
              weights: Optional[str] = typer.Option(
                  None, "--weights", help="each level's share of the traffic, as --concurrency lists them "
                  "(e.g. 0.5,0.3,0.2); default equal"),
@@ -265,66 +270,101 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
                  None, "--target", help="the target's config directory: each level gets the roofline's predicted "
                  "step-time ratio beside the measured one (see `specdeploy breakeven`)"),
              hardware: str = typer.Option("h200_nvl8", "--hardware", help="hardware profile, with --target"),
-             api_key_file: Optional[Path] = typer.Option(None, "--api-key-file"),
-             out: Path = typer.Option(Path("gate"), "--out"), as_json: bool = Json):
+             api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="a file holding the engine's API "
+                                                         "key"),
+             out: Path = typer.Option(Path("gate"), "--out", help="a new directory for report.json and its chart "
+                                      "(only an earlier gate output is replaced)"),
+             as_json: bool = Json):
     """Measure whether speculation pays under a bounded load of real chat prompts; write report + chart."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from specdeploy.speculation.gate import chart, check_baseline, gate, load_prompts
     known_engine(engine)
-    from specdeploy.plan.outdir import atomic_output_dir, check_target
+    from specdeploy.plan.outdir import check_target
     try:  # before any measurement: what --out may be (plan.outdir)
         check_target(out, GATE_CMD)
     except SpecdeployError as exc:
         fail(exc)
+    levels, shares = _gate_levels(concurrency, weights)
     try:
-        levels = [int(c) for c in concurrency.split(",")]
-        assert levels and all(c > 0 for c in levels)
-    except (ValueError, AssertionError):
-        error("--concurrency", f"'{concurrency}' is not a list of positive numbers", "give a list like 1,8,32")
-    shares = None
-    if weights:
-        from specdeploy.speculation.kbands import level_weights
-        try:
-            shares = level_weights(levels, [float(w) for w in weights.split(",")])
-        except ValueError:
-            error("--weights", f"'{weights}' is not one share of the traffic per level of --concurrency "
-                  f"({concurrency})", f"give {len(levels)} numbers >= 0, not all 0, e.g. "
-                  + ",".join(["1"] * len(levels)))
-    from specdeploy.hostvars.argcheck import finite, http_url, read_json_object, read_text
-    try:
-        url = http_url(url, "--url")
-        finite(margin, "--margin", maximum=10.0)  # a fraction: 0.10 is 10%
-        for name, n in (("--requests", requests), ("--max-tokens", max_tokens), ("--k", k)):
-            if n is not None and n < 1:
-                raise SpecdeployError([Finding("error", name, f"{n} is not a positive count",
-                                               "give a count of at least 1")])
-        base = read_json_object(baseline, "--baseline", "a report.json written by `specdeploy gate`") \
-            if baseline else None
-        key = read_text(api_key_file, "--api-key-file", "a file holding the API key").strip() \
-            if api_key_file else None
-        if api_key_file and not key:  # an empty key would silently send no authentication at all
-            raise SpecdeployError([Finding("error", "--api-key-file", f"{api_key_file} is empty",
-                                           "put the engine's API key in it, or leave --api-key-file out when "
-                                           "the engine needs none")])
-        if key and any(c in key for c in "\r\n\0"):
-            raise SpecdeployError([Finding("error", "--api-key-file", f"{api_key_file} holds more than one line",
-                                           "keep only the API key in it, on one line")])
-        if base is not None:
-            check_baseline(base, baseline)
-        load_prompts(prompts)
-        roofline = None
-        if target is not None:
-            from specdeploy.speculation.verifycost import load_target, peaks
-            roofline = (load_target(target), peaks(hardware))
+        url, base, key, roofline = _gate_inputs(url, margin, requests, max_tokens, k, baseline, api_key_file,
+                                                prompts, target, hardware)
     except SpecdeployError as exc:
         fail(exc)
+    report = _gate_measure(url, engine, levels, requests, max_tokens, prompts, base, k, margin, key, shares, out)
+    if roofline is not None:
+        from specdeploy.speculation.verifycost import add_predictions
+        try:
+            add_predictions(report, *roofline)
+        except SpecdeployError as exc:
+            fail(exc)
+    _gate_write(report, out)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        _gate_print(report, out)
+    if report.get("refused"):  # no verdict: whoever applies verdicts keeps the previous one
+        print(f"gate refused to decide: {safe(report['refused'])}", file=sys.stderr)
+        raise typer.Exit(1)
+
+
+def _gate_levels(concurrency: str, weights: str | None) -> tuple[list[int], list[float] | None]:
+    """The load levels of --concurrency and each one's share of the traffic (--weights)."""
+    try:
+        levels = [int(c) for c in concurrency.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or not all(c > 0 for c in levels):
+        error("--concurrency", f"'{concurrency}' is not a list of positive numbers", "give a list like 1,8,32")
+    if not weights:
+        return levels, None
+    from specdeploy.speculation.kbands import level_weights
+    try:
+        return levels, level_weights(levels, [float(w) for w in weights.split(",")])
+    except ValueError:
+        error("--weights", f"'{weights}' is not one share of the traffic per level of --concurrency "
+              f"({concurrency})", f"give {len(levels)} numbers >= 0, not all 0, e.g. " + ",".join(["1"] * len(levels)))
+
+
+def _gate_inputs(url, margin, requests, max_tokens, k, baseline, api_key_file, prompts, target, hardware):
+    """(the checked URL, the baseline report, the API key, the roofline's target and peaks), each read within
+    bounds; a SpecdeployError names the option that is wrong."""
+    from specdeploy.hostvars.argcheck import finite, http_url, read_json_object, read_text
+    from specdeploy.speculation.gate import check_baseline, load_prompts
+    url = http_url(url, "--url")
+    finite(margin, "--margin", maximum=10.0)  # a fraction: 0.10 is 10%
+    for name, n in (("--requests", requests), ("--max-tokens", max_tokens), ("--k", k)):
+        if n is not None and n < 1:
+            raise SpecdeployError([Finding("error", name, f"{n} is not a positive count",
+                                           "give a count of at least 1")])
+    base = read_json_object(baseline, "--baseline", "a report.json written by `specdeploy gate`") \
+        if baseline else None
+    key = read_text(api_key_file, "--api-key-file", "a file holding the API key").strip() if api_key_file else None
+    if api_key_file and not key:  # an empty key would silently send no authentication at all
+        raise SpecdeployError([Finding("error", "--api-key-file", f"{api_key_file} is empty",
+                                       "put the engine's API key in it, or leave --api-key-file out when "
+                                       "the engine needs none")])
+    if key and any(c in key for c in "\r\n\0"):
+        raise SpecdeployError([Finding("error", "--api-key-file", f"{api_key_file} holds more than one line",
+                                       "keep only the API key in it, on one line")])
+    if base is not None:
+        check_baseline(base, baseline)
+    load_prompts(prompts)
+    roofline = None
+    if target is not None:
+        from specdeploy.speculation.verifycost import load_target, peaks
+        roofline = (load_target(target), peaks(hardware))
+    return url, base, key, roofline
+
+
+def _gate_measure(url, engine, levels, requests, max_tokens, prompts, base, k, margin, key, shares, out) -> dict:
+    """The gate's measurement, with a progress bar; Ctrl-C stops it having written nothing."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specdeploy.speculation.gate import gate
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn()) as prog:
         task = prog.add_task("gate", total=len(levels))
 
         def cb(c, n):
-            prog.update(task, description=f"gate: concurrency {c}, {n} requests",
-                        completed=levels.index(c))
+            prog.update(task, description=f"gate: concurrency {c}, {n} requests", completed=levels.index(c))
         try:
             report = gate(url, engine, levels, requests, max_tokens, prompts, base, k, margin, key, cb, shares)
         except OSError as exc:
@@ -335,12 +375,13 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
             prog.stop()
             error("gate", f"interrupted: nothing was written to {safe(out)}", "run it again to measure", 130)
         prog.update(task, completed=len(levels))
-    if roofline is not None:
-        from specdeploy.speculation.verifycost import add_predictions
-        try:
-            add_predictions(report, *roofline)
-        except SpecdeployError as exc:
-            fail(exc)
+    return report
+
+
+def _gate_write(report: dict, out: Path) -> None:
+    """report.json and its chart, written beside --out and renamed in (plan.outdir)."""
+    from specdeploy.plan.outdir import atomic_output_dir
+    from specdeploy.speculation.gate import chart
     try:
         with atomic_output_dir(out, GATE_CMD) as tmp:
             (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -351,31 +392,28 @@ def gate_cmd(url: str = typer.Option(..., "--url"), engine: str = typer.Option(D
         error("--out", f"cannot write {safe(out)} ({exc.strerror or exc})", "give a writable directory")
     except KeyboardInterrupt:
         error("gate", f"interrupted: {safe(out)} was left as it was", "run it again to measure", 130)
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        for lv in report["levels"]:
-            al = lv.get("acceptance_length")
-            sp = lv.get("speedup")
-            print(f"c={lv['concurrency']:<4} failed {lv.get('errors', 0)}/{lv.get('requests')}  "
-                  f"tok/s {lv['output_tps']:8.1f}  AL {al and round(al, 2)}  "
-                  f"accept {lv.get('acceptance_rate') and round(lv['acceptance_rate'], 2)}  "
-                  f"speedup {sp and round(sp, 2)}  "
-                  f"break-even AL {lv.get('breakeven_al') and round(lv['breakeven_al'], 2)}"
-                  + (f"  step ratio {lv['step_ratio']:.2f} (roofline {lv['predicted_step_ratio'][0]:.2f}-"
-                     f"{lv['predicted_step_ratio'][1]:.2f})" if lv.get("predicted_step_ratio")
-                     and lv.get("step_ratio") else ""))
-        for b in report.get("k_by_batch") or []:
-            print(f"band from {b['from_batch']:<4} running requests (c={b['concurrency']}): k={b['k']}  "
-                  f"predicted {b['predicted_speedup']:.2f}x")
-        one = report.get("single_k")
-        if one and len(report.get("k_by_batch") or []) > 1:
-            print(f"one k for every load: k={one['k']} at {one['weighted_speedup']:.2f}x traffic-weighted"
-                  + "".join(f"; c={x['concurrency']} loses ({x['speedup_at_single_k']:.2f}x against "
-                            f"{x['own_speedup']:.2f}x at k={x['k']})" for x in one["loses"]))
-        k_rec = ("k=" + str(report["recommended_k"])) if report.get("recommended_k") else ""
-        print(f"verdict: {report.get('verdict')} {k_rec} - {safe(report.get('reason'))}")
-        print(f"wrote {safe(out / 'report.json')} and {safe(out / 'report.png')}")
-    if report.get("refused"):  # no verdict: whoever applies verdicts keeps the previous one
-        print(f"gate refused to decide: {safe(report['refused'])}", file=sys.stderr)
-        raise typer.Exit(1)
+
+
+def _gate_print(report: dict, out: Path) -> None:
+    for lv in report["levels"]:
+        al = lv.get("acceptance_length")
+        sp = lv.get("speedup")
+        print(f"c={lv['concurrency']:<4} failed {lv.get('errors', 0)}/{lv.get('requests')}  "
+              f"tok/s {lv['output_tps']:8.1f}  AL {al and round(al, 2)}  "
+              f"accept {lv.get('acceptance_rate') and round(lv['acceptance_rate'], 2)}  "
+              f"speedup {sp and round(sp, 2)}  "
+              f"break-even AL {lv.get('breakeven_al') and round(lv['breakeven_al'], 2)}"
+              + (f"  step ratio {lv['step_ratio']:.2f} (roofline {lv['predicted_step_ratio'][0]:.2f}-"
+                 f"{lv['predicted_step_ratio'][1]:.2f})" if lv.get("predicted_step_ratio")
+                 and lv.get("step_ratio") else ""))
+    for b in report.get("k_by_batch") or []:
+        print(f"band from {b['from_batch']:<4} running requests (c={b['concurrency']}): k={b['k']}  "
+              f"predicted {b['predicted_speedup']:.2f}x")
+    one = report.get("single_k")
+    if one and len(report.get("k_by_batch") or []) > 1:
+        print(f"one k for every load: k={one['k']} at {one['weighted_speedup']:.2f}x traffic-weighted"
+              + "".join(f"; c={x['concurrency']} loses ({x['speedup_at_single_k']:.2f}x against "
+                        f"{x['own_speedup']:.2f}x at k={x['k']})" for x in one["loses"]))
+    k_rec = ("k=" + str(report["recommended_k"])) if report.get("recommended_k") else ""
+    print(f"verdict: {report.get('verdict')} {k_rec} - {safe(report.get('reason'))}")
+    print(f"wrote {safe(out / 'report.json')} and {safe(out / 'report.png')}")

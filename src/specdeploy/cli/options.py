@@ -24,6 +24,20 @@ VaultPasswordFiles = typer.Option(None, "--vault-password-file", help="Vault pas
                                   "ANSIBLE_VAULT_PASSWORD_FILE and vault_password_file in ansible.cfg are read too.")
 Limit = typer.Option(None, "--limit", help="Hosts or groups, like ansible-playbook --limit.")
 Json = typer.Option(False, "--json", help="Print JSON.")
+ENGINE_HELP = "Engine: vllm or sglang."
+ENGINE_VERSION_HELP = "The engine's release, e.g. 0.16.0 (vLLM) or 0.5.23 (SGLang)."
+# An earlier spelling of --engine-version some commands took; deployed units may still call it
+LegacyVersion = typer.Option(None, "--version", hidden=True, help="Old spelling of --engine-version.")
+
+
+def engine_version(new: str | None, old: str | None, required: bool = True) -> str | None:
+    """--engine-version, or the old --version a deployed unit may still give; one of them when ``required``."""
+    if new and old and new != old:
+        error("--engine-version", f"given twice, as {new} and (as --version) {old}", "give --engine-version once")
+    v = new or old
+    if required and not v:
+        error("--engine-version", "is required", "give the engine's release, e.g. --engine-version 0.16.0")
+    return v
 
 
 def inventory_optional(help: str = INVENTORY_HELP):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from specdeploy.cli.options import Json, error
+from specdeploy.cli.options import ENGINE_HELP, Json, error
 
 patch_app = typer.Typer(no_args_is_help=True, help="Engine patch sets (vLLM 0.16/0.17 Kimi-K2.5 EAGLE-3).")
 
@@ -46,14 +46,16 @@ def _run(action: str, engine: str, root: Path, as_json: bool):
 
 
 @patch_app.command("status")
-def status_cmd(engine: str = typer.Option(..., "--engine"), root: Path = typer.Option(..., "--root"),
+def status_cmd(engine: str = typer.Option(..., "--engine", help=ENGINE_HELP),
+               root: Path = typer.Option(..., "--root", help="the directory that holds the engine's package"),
                as_json: bool = Json):
     """Report per patch: upstream, needed, applied or drift."""
     _run("status", engine, root, as_json)
 
 
 @patch_app.command("apply")
-def apply_cmd(engine: str = typer.Option(..., "--engine"), root: Path = typer.Option(..., "--root"),
+def apply_cmd(engine: str = typer.Option(..., "--engine", help=ENGINE_HELP),
+              root: Path = typer.Option(..., "--root", help="the directory that holds the engine's package"),
               as_json: bool = Json):
     """Apply the needed patches (idempotent, all or nothing)."""
     _run("apply", engine, root, as_json)

@@ -9,7 +9,7 @@ import typer
 
 from specdeploy.engines import DEFAULT as DEFAULT_ENGINE
 from specdeploy.cli.app import app
-from specdeploy.cli.options import Json, known_engine
+from specdeploy.cli.options import ENGINE_HELP, Json, LegacyVersion, engine_version, known_engine
 
 
 @app.command("probe")
@@ -17,9 +17,10 @@ def probe_cmd(target: Path = typer.Option(..., "--target", help="the target's di
                                           "needed)"),
               drafter: Path = typer.Option(..., "--drafter", help="the drafter's directory (config.json and "
                                            "*.safetensors; only the headers are read)"),
-              engine: str = typer.Option(DEFAULT_ENGINE, "--engine"),
-              version: Optional[str] = typer.Option(None, "--version", help="the pinned release (default: the "
-                                                    "newest known)"),
+              engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=ENGINE_HELP),
+              new_version: Optional[str] = typer.Option(None, "--engine-version", help="the pinned release "
+                                                        "(default: the newest known)"),
+              old_version: Optional[str] = LegacyVersion,
               python: Optional[str] = typer.Option(None, "--python", help="the engine's Python (default: python3)"),
               venv: Optional[Path] = typer.Option(None, "--venv", help="the engine's venv (its bin/python)"),
               timeout: float = typer.Option(300.0, "--timeout", help="seconds before the probe is killed"),
@@ -32,6 +33,7 @@ def probe_cmd(target: Path = typer.Option(..., "--target", help="the target's di
     from specdeploy.cli.options import finite
     known_engine(engine)
     finite(timeout, "--timeout", 1.0)
+    version = engine_version(new_version, old_version, required=False)
     rep, run = probe(target, drafter, engine, version, python, str(venv) if venv else None, timeout,
                      trust_remote_code=trust_remote_code)
     code = 0 if rep.ok and run.ran else 1 if not rep.ok and run.ran else 2

@@ -8,15 +8,16 @@ import typer
 
 from specdeploy.engines import DEFAULT as DEFAULT_ENGINE
 from specdeploy.values.errors import SpecdeployError
-from specdeploy.cli.options import error, fail, known_engine
+from specdeploy.cli.options import ENGINE_HELP, error, fail, known_engine
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="Real Debian sandbox hosts (systemd-nspawn) for demos and CI.")
 
 
 @sandbox_app.command("up")
-def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8),
-           inventory: Path = typer.Option(Path("inventory/sandbox"), "--inventory", help="inventory to write"),
-           engine: str = typer.Option(DEFAULT_ENGINE, "--engine"),
+def up_cmd(hosts: int = typer.Option(2, "--hosts", min=1, max=8, help="sandbox hosts to boot"),
+           inventory: Path = typer.Option(Path("inventory/sandbox"), "-i", "--inventory",
+                                            help="inventory to write"),
+           engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=ENGINE_HELP),
            runtime: str = typer.Option("docker", "--runtime", help="docker (the production runtime) or venv"),
            real_engine: str = typer.Option("", "--real-engine", help="a vLLM version whose CPU build serves instead "
                                            "of the simulator (0.32.0: EAGLE-3 runs on the CPU; venv runtime)")):

@@ -80,18 +80,19 @@ def specdeploy_gate_argv(settings, out, baseline=None):
     return command_line(plain(settings), str(out), None if baseline is None else str(baseline))
 
 
-def specdeploy_gate_vars_file(inventory_dir, host):
-    """The inventory file that holds a host's gate verdict (the variables that apply it)."""
-    from specdeploy.plan.render.paths import gate_vars_file
+def specdeploy_gate_vars_file(inventory_dir, host, writing=True):
+    """The inventory file that holds a host's gate verdict (the variables that apply it); ``writing``: refused
+    where a directory there would hide the host's host_vars file."""
+    from specdeploy.hostvars.varsfile import gate_vars_file
     try:
-        return gate_vars_file(str(inventory_dir), str(host))
+        return gate_vars_file(str(inventory_dir), str(host), bool(writing))
     except ValueError as exc:
         raise AnsibleFilterError(str(exc)) from None
 
 
 def specdeploy_host_vars_file(inventory_dir, host, name):
     """A specdeploy file in a host's host_vars directory of the inventory (e.g. specdeploy_nccl.yml)."""
-    from specdeploy.plan.render.paths import host_vars_file
+    from specdeploy.hostvars.varsfile import host_vars_file
     try:
         return host_vars_file(str(inventory_dir), str(host), str(name))
     except ValueError as exc:
@@ -130,7 +131,7 @@ def specdeploy_weights(variables, host, content_ids=False):
     sizes, mtimes) and where that copy lives in the host's store."""
     from pathlib import Path
 
-    from specdeploy.hostscripts.staging import store_paths, tree_id
+    from specdeploy.hostscripts.staging import COMPLETE, store_of, tree_id
     from specdeploy.values.hostpaths import host_path
     v, hv = validated(variables, host)
     items = hv.weights()
@@ -141,8 +142,10 @@ def specdeploy_weights(variables, host, content_ids=False):
         it["stamp"] = host_path("verified_stamp", it["kind"])
         it["progress"] = host_path("staging_progress", it["kind"])
         if content_ids and it["source"] == "controller" and it["controller"]:
-            it["id"] = tree_id(it["controller"])
-            it.update(store_paths(it["path"], it["id"]))
+            it["id"] = cid = tree_id(it["controller"])
+            store = store_of(it["path"])  # where staging keeps that copy: finished, in progress, marked complete
+            it.update(copy=str(store / cid), partial=str(store / f"{cid}.partial"),
+                      complete=str(store / cid / COMPLETE))
     return items
 
 

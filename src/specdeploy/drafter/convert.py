@@ -11,7 +11,13 @@ from pathlib import Path
 from specdeploy.engines import get_adapter
 from specdeploy.values.errors import Finding, Report, SpecdeployError
 from specdeploy.checkpoint.modelcfg import TargetModel
-from specdeploy.checkpoint.safetensors_io import INDEX_FILE, rewrite_names
+from specdeploy.checkpoint.safetensors_io import (
+    INDEX_FILE,
+    encode_header,
+    read_header,
+    rewrite_names,
+    sparse_copy_range,
+)
 from specdeploy.drafter.head import SWITCHES, check_head
 from specdeploy.drafter.head import trained as head_trained
 from specdeploy.drafter.model import META_FILE, Drafter, default_aux, is_convertible, resolve_version, trained_taps
@@ -91,6 +97,11 @@ def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, v
         want = facts["convert_archs"].get(d.fmt) or facts["convert_archs"]["llama"]
         actions.append(f"architectures {cfg.get('architectures')} -> [{want}]")
         cfg["architectures"] = [want]
+    if any(f.subject == "model_type" for f in pre.errors):
+        want = facts["convert_model_types"][d.fmt]
+        actions.append(f"model_type {cfg.get('model_type')!r} -> {want!r} ({a.label} {version} rewrites the former "
+                       "into its MTP drafter's config)")
+        cfg["model_type"] = want
     as_speculators = d.fmt == "speculators" and facts["reads_speculators"]
     layer_cfg = cfg["transformer_layer_config"] if as_speculators else cfg
     have = d.tensor_layers()
@@ -102,7 +113,8 @@ def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, v
         actions.append("tie_word_embeddings true -> false: the drafter has its own trained lm_head.weight")
     head_rows = d.tensors["lm_head.weight"].shape[0] if "lm_head.weight" in d.tensors and \
         len(d.tensors["lm_head.weight"].shape) == 2 else None
-    if any(f.subject == "lm_head.weight" and is_convertible(f) for f in pre.errors):
+    if any(f.subject == "lm_head.weight" and f.severity in ("error", "warning") and is_convertible(f)
+           for f in pre.findings):
         if head_rows is None:
             cfg.pop("draft_vocab_size", None)
             actions.append(f"dropped draft_vocab_size (= vocab_size) so {a.label} loads the target's lm_head")
@@ -130,32 +142,47 @@ def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, v
     if "norm_before_residual" not in d.config or d.fmt == "speculators":
         cfg["norm_before_residual"] = nbr
         actions.append(f"norm_before_residual written explicitly as {nbr}")
-    rename = _legacy_layer_names(d, a)
+    drop = {"d2t", "t2d"} if any(f.subject == "d2t" and "drops d2t" in f.fix for f in pre.errors) else set()
+    if drop:
+        actions.append(f"dropped d2t and t2d: the draft vocabulary is the target's and the map the identity, and "
+                       f"{a.label} {version} builds none")
+    strip = bool(facts.get("keeps_model_prefix")) and any(n.startswith("model.") for n in d.raw_tensors or {})
+    legacy = _legacy_layer_names(d, a)
+    rename = legacy or strip
 
     def renamed(s: str) -> str:
-        return ("midlayer." + s[len("layers.0."):] if s.startswith("layers.0.") else
-                "model.midlayer." + s[len("model.layers.0."):] if s.startswith("model.layers.0.") else s)
+        if strip and s.startswith("model."):  # the loader adds model. itself
+            s = s[len("model."):]
+        if legacy:
+            s = ("midlayer." + s[len("layers.0."):] if s.startswith("layers.0.") else
+                 "model.midlayer." + s[len("model.layers.0."):] if s.startswith("model.layers.0.") else s)
+        return s
 
-    _refuse_losses(d, cfg, layer_cfg, renamed if rename else None, a, t)
+    _refuse_losses(d, cfg, layer_cfg, renamed if rename else None, a, t, drop)
     tmp = out
     renamed_total = 0
     for f in sorted(drafter_dir.iterdir()):
         if f.name in ("config.json", META_FILE) or not f.is_file():
             continue
-        if f.suffix == ".safetensors" and rename:
+        if f.suffix == ".safetensors" and drop and drop & set(read_header(f)[0]):
+            renamed_total += _rewrite_without(f, tmp / f.name, renamed if rename else (lambda x: x), drop)
+        elif f.suffix == ".safetensors" and rename:
             n = rewrite_names(f, tmp / f.name, renamed)
             if n == 0:
                 (tmp / f.name).unlink()
                 _link_or_copy(f, tmp / f.name)
             renamed_total += n
-        elif f.name == INDEX_FILE and rename:
+        elif f.name == INDEX_FILE and (rename or drop):
             idx = json.loads(f.read_text())
-            idx["weight_map"] = {renamed(k): v for k, v in idx.get("weight_map", {}).items()}
+            idx["weight_map"] = {(renamed(k) if rename else k): v for k, v in idx.get("weight_map", {}).items()
+                                 if k not in drop}
             (tmp / f.name).write_text(json.dumps(idx, indent=1))
         else:
             _link_or_copy(f, tmp / f.name)
     if renamed_total:
-        actions.append(f"renamed {renamed_total} tensors layers.0.* -> midlayer.* for {a.label} {version}")
+        actions.append(f"renamed {renamed_total} tensors ("
+                       + ", ".join(x for x, on in (("model.X -> X", strip), ("layers.0.* -> midlayer.*", legacy))
+                                   if on) + f") for {a.label} {version}")
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     meta = {"engine": engine, "engine_version": version, "source": str(drafter_dir.resolve()),
             "target": str(target_dir.resolve()), "format": d.fmt, "actions": actions,
@@ -169,14 +196,41 @@ def _convert_into(drafter_dir: Path, target_dir: Path, engine: str, out: Path, v
     return meta
 
 
+def _rewrite_without(src: Path, dst: Path, rename, drop: set[str]) -> int:
+    """``src`` without the ``drop`` tensors (the data of the others packed in order, copied sparsely) and with
+    names mapped by ``rename``; returns how many names changed."""
+    header, base = read_header(src)
+    kept = sorted(((n, m) for n, m in header.items() if n != "__metadata__" and n not in drop),
+                  key=lambda x: x[1]["data_offsets"][0])
+    new, pos, changed = {}, 0, 0
+    if "__metadata__" in header:
+        new["__metadata__"] = header["__metadata__"]
+    for name, meta in kept:
+        start, end = meta["data_offsets"]
+        nn = rename(name)
+        changed += nn != name
+        new[nn] = dict(meta, data_offsets=[pos, pos + end - start])
+        pos += end - start
+    head = encode_header(new)
+    # unbuffered: sparse_copy_range moves the descriptor with lseek(SEEK_DATA/SEEK_HOLE) between reads, which a
+    # buffered reader reused for several ranges does not see (it then reads from where lseek left the file)
+    with open(src, "rb", buffering=0) as fi, open(dst, "wb") as fo:
+        fo.write(head)
+        fo.truncate(len(head) + pos)
+        for name, meta in kept:
+            start, end = meta["data_offsets"]
+            sparse_copy_range(fi, fo, base + start, len(head) + new[rename(name)]["data_offsets"][0], end - start)
+    return changed
+
+
 LOSSES = ("tensor names", "missing tensors", "tensor shapes", "tie_word_embeddings") + SWITCHES
 
 
-def _refuse_losses(d: Drafter, cfg: dict, layer_cfg: dict, rename, a, t: TargetModel):
+def _refuse_losses(d: Drafter, cfg: dict, layer_cfg: dict, rename, a, t: TargetModel, drop: set = frozenset()):
     """Refuse a conversion whose result would lose trained weights or norms on this release (a head that
     drops or cannot place checkpoint tensors, or runs without a switch the drafter was trained with)."""
     fmt = "speculators" if "speculators_model_type" in cfg else d.fmt if d.fmt != "speculators" else "llama"
-    tensors = {(rename(n) if rename else n): ti for n, ti in d.tensors.items()}
+    tensors = {(rename(n) if rename else n): ti for n, ti in d.tensors.items() if n not in drop}
     after = Drafter(d.path, cfg, fmt, layer_cfg if fmt == "speculators" else cfg, tensors, d.bin_files)
     rep = Report()
     check_head(after, t, a, rep)

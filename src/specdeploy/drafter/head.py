@@ -80,13 +80,18 @@ def fc_norm_on(d: Drafter, a: EngineAdapter) -> tuple[bool | None, str]:
 
 
 def aux_count(d: Drafter, a: EngineAdapter) -> int:
+    """How many aux states fc fuses: where the release reads a count (``aux_count_keys``, in its order:
+    num_aux_hidden_states, the nested ids, the top-level ids), else 3."""
     if _span(a, "aux_count_from_ids"):
-        n = d.layer.get("num_aux_hidden_states") or d.config.get("num_aux_hidden_states")
-        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-            return n
-        ids = d.nested_aux()
-        if isinstance(ids, list) and ids:
-            return len(ids)
+        for key in a.DRAFTER.get("aux_count_keys", ("num_aux_hidden_states", "nested")):
+            if key == "num_aux_hidden_states":
+                n = d.layer.get(key) or d.config.get(key)
+                if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                    return n
+                continue
+            ids = d.nested_aux() if key == "nested" else d.top_aux()
+            if isinstance(ids, list) and ids:
+                return len(ids)
     return 3
 
 
@@ -133,10 +138,13 @@ def drafter_class(d: Drafter, a: EngineAdapter) -> str | None:
 
 
 def build(d: Drafter, t: TargetModel, a: EngineAdapter) -> Head | None:
-    """The parameters the release's Llama EAGLE-3 head creates for this config; None for formats it is not
-    recorded for (MLA heads, a speculators config the release does not read)."""
+    """The parameters the release's EAGLE-3 head creates for this config (the Llama head, or the MLA head where
+    ``a`` is :func:`specdeploy.drafter.mla.view`'s); None for heads it is not recorded for (an MLA head on a
+    release whose MLA loader was not read, a speculators config the release does not read)."""
     f = a.DRAFTER
-    if d.fmt == "mla" or (d.fmt == "speculators" and not f["reads_speculators"]) or "switches" not in f:
+    if d.fmt == "mla" and not f.get("read"):
+        return None  # the release's MLA head was not read (mla.view gives the table where it was)
+    if (d.fmt == "speculators" and not f["reads_speculators"]) or "switches" not in f:
         return None
     h, th = d.hidden, d.target_hidden
     heads, hd = d.heads, d.head_dim
@@ -150,7 +158,17 @@ def build(d: Drafter, t: TargetModel, a: EngineAdapter) -> Head | None:
     layers = len(have) if have else d.num_layers
     pre = layer_prefix(a)
     bias = bool(d.layer.get("attention_bias")) and _span(a, "attention_bias")
-    for i in range(1 if pre == "midlayer." else layers):
+    if d.fmt == "mla":
+        from specdeploy.drafter.mla import layer_params
+        for i in range(layers):  # (a release that builds one layer refuses more: rules._check_layers says so)
+            ps = layer_params(d.layer, h, i)
+            if i:  # only layer 0 runs hidden_norm (the hidden states enter there)
+                head.optional.add(f"layers.{i}.hidden_norm.weight")
+                ps.pop(f"layers.{i}.hidden_norm.weight")
+            head.required.update(ps)
+        if d.layer.get("index_topk") is not None:  # a sparse-attention indexer (mla.check warns)
+            head.skipped.append(".self_attn.indexer.")
+    for i in range(0 if d.fmt == "mla" else 1 if pre == "midlayer." else layers):
         p = "midlayer." if pre == "midlayer." else f"layers.{i}."
         width = 2 * h if i == 0 else h
         r = head.required
@@ -212,7 +230,8 @@ def _fix_for(d: Drafter, a: EngineAdapter, names: list[str]) -> str:
                 return f"set {sw}: true (the checkpoint holds {prefix}* weights: it was trained with it)"
             if since:
                 return f"set {sw}: true and use {a.label} {since} or later, which builds {prefix}*"
-    return "use a drafter exported for this engine's Llama EAGLE-3 head, or an engine release that builds them"
+    kind = "MLA" if d.fmt == "mla" else "Llama"
+    return f"use a drafter exported for this engine's {kind} EAGLE-3 head, or an engine release that builds them"
 
 
 def check_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report) -> Head | None:
@@ -220,6 +239,11 @@ def check_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report) -> Hea
     if head is None:
         return None
     _check_switches(d, a, rep)
+    if _span(a, "fc_norm_unapplied") and fc_norm_on(d, a)[0]:
+        rep.add("error", "fc_norm", f"true: {a.label} {a.version}'s MLA head builds fc_norm.* and loads the trained "
+                "weights, but never applies them (combine_hidden_states runs fc alone), so fc gets the aux states "
+                "without the norms it was trained with", f"use {a.label} {a.DRAFTER['fc_norm_applied'].since} or "
+                "later")
     if not d.tensors:
         return head
     names = {canonical(n, a): n for n in d.tensors}
@@ -233,6 +257,14 @@ def check_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report) -> Hea
                     f"{a.version}'s EAGLE-3 head and its loader skips them without a word: "
                     + ", ".join(names[c] for c in biases[:4]), "set attention_bias: true if the drafter was "
                     "trained with them")
+    if unknown and head.unknown == "dropped" and d.fmt == "mla":
+        from specdeploy.drafter.mla import unknown_split
+        raising, unknown = unknown_split(unknown, a)
+        if raising:
+            rep.add("error", "tensor names", f"{len(raising)} checkpoint tensor(s) name a fused shard (gate/up, "
+                    f"q_a/kv_a) of a parameter {a.label} {a.version}'s MLA head does not build: "
+                    + ", ".join(names[c] for c in raising[:4]) + "; its loader looks the fused parameter up and "
+                    "raises (KeyError), so the load fails", _fix_for(d, a, raising))
     if unknown:
         shown = ", ".join(names[c] for c in unknown[:4]) + (f" (+{len(unknown) - 4} more)" if len(unknown) > 4 else "")
         if head.unknown == "raises":
@@ -240,8 +272,9 @@ def check_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report) -> Hea
                     f"{a.version}'s EAGLE-3 head: {shown}; its loader raises on the first (KeyError / no module or "
                     "parameter named ...) and the load fails", _fix_for(d, a, unknown))
         elif head.unknown == "dropped":
+            how = "skipped with a log line" if a.DRAFTER.get("unknown_tensor_logged") else "dropped without a word"
             rep.add("error", "tensor names", f"{len(unknown)} checkpoint tensor(s) have no parameter in {a.label} "
-                    f"{a.version}'s EAGLE-3 head and are dropped without a word: {shown}; the head runs without "
+                    f"{a.version}'s EAGLE-3 head and are {how}: {shown}; the head runs without "
                     "these trained weights", _fix_for(d, a, unknown))
         else:
             rep.add("warning", "tensor names", f"{len(unknown)} checkpoint tensor(s) are not among the parameters "
@@ -249,10 +282,14 @@ def check_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report) -> Hea
                     "check the drafter on the engine itself")
     _check_dropped_norms(d, a, head, names, rep)
     # rules._check_shapes reports the decoder projections' weights
-    layer_checked = tuple(f"self_attn.{x}_proj.weight" for x in "qkvo") + tuple(f"mlp.{x}_proj.weight"
-                                                                                for x in ("gate", "up", "down"))
+    layer_checked = () if d.fmt == "mla" else tuple(f"self_attn.{x}_proj.weight" for x in "qkvo") + \
+        tuple(f"mlp.{x}_proj.weight" for x in ("gate", "up", "down"))
     missing = [n for n in head.required if n not in names and not n.split(".", 2)[-1].startswith(layer_checked)
                and not (n.startswith("midlayer.") and n[len("midlayer."):].startswith(layer_checked))]
+    if "input_norm.weight" in missing and "fc_norm.0.weight" in head.required and _span(a, "input_norm_then_fc_norm"):
+        missing.remove("input_norm.weight")  # left at ones: a uniform scale the per-aux fc_norms remove exactly
+        rep.add("info", "input_norm.weight", f"not in the checkpoint: {a.label} {a.version} leaves it at ones, and "
+                "the per-aux fc_norm it applies next removes that uniform scale, so the head runs as without it")
     if missing:
         sure = _span(a, "missing_tensor_uninitialised")
         rep.add("error" if sure else "warning", "missing tensors", f"{len(missing)} parameter(s) {a.label} "

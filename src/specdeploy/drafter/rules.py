@@ -8,6 +8,7 @@ from specdeploy.engines import EngineAdapter, get, get_adapter, names
 from specdeploy.values.errors import Report
 from specdeploy.checkpoint.modelcfg import TargetModel
 from specdeploy.checkpoint.safetensors_io import BIN_CONVERT, read_array
+from specdeploy.drafter import mla
 from specdeploy.drafter.head import check_head, fc_shape
 from specdeploy.drafter.model import (
     CONVERT,
@@ -36,21 +37,32 @@ def check(drafter_dir: Path, target_dir: Path, engine: str, version: str | None 
         return rep
     target = TargetModel.load(target_dir)
     d = Drafter.load(drafter_dir)
+    if d.fmt == "mla":
+        a = mla.view(a)  # the MLA head's table where the release's MLA loader was read
     run, why = model_runner(target, engine, version, runner)
     rep.add("info", "engine", f"rules of {engine} {version}" + (
         f", model runner {run.upper()} ({why})" if run else "" if run == "" else f", model runner not known ({why})"))
-    if a.DRAFTER.get("keeps_model_prefix") and d.raw_tensors and any(n.startswith("model.") for n in d.raw_tensors):
-        d.tensors = dict(d.raw_tensors)  # the loader sees model.model.X: judge the names as it gets them
+    prefixed = [n for n in d.raw_tensors or {} if n.startswith("model.")]
+    if a.DRAFTER.get("keeps_model_prefix") and prefixed:
+        # the loader puts model. before every name but lm_head's and d2t's: model.X reaches model.model.X, which
+        # no parameter has. One finding (the rest is judged on the names as they would be without the prefix).
+        rep.add("error", "tensor names", f"{len(prefixed)} checkpoint tensor(s) carry a leading model. "
+                f"({', '.join(prefixed[:3])}): {a.label} {version}'s EAGLE-3 loader adds model. to every name "
+                "itself, so they reach model.model.* and no parameter; the load fails",
+                CONVERT.format(engine=a.name) + " (strips the leading model. from the tensor names)")
     if target_check:  # off where preflight decides it, knowing the image's patch set
         # the engine checks the target whatever the drafter's format: both are reported
         _check_target(target, a, rep, _aux_asked(d, a))
     if not _check_format(d, a, rep):
         return rep
+    _check_model_type(d, a, rep)
+    if d.fmt == "mla":
+        mla.check(d, a, rep)
     _check_sizes(d, target, rep)
     head = check_head(d, target, a, rep)  # the switches always; the tensor names when there are tensors
     if d.tensors:
         _check_layers(d, a, rep)
-        _check_shapes(d, rep)
+        _check_shapes(d, rep, head)
         _check_lm_head(d, target, a, rep)
         _check_vocab(d, target, rep, a)
         _check_names(d, a, rep)
@@ -167,19 +179,22 @@ def _check_speculators(d: Drafter, a: EngineAdapter, rep: Report):
         return
     sc = cfg.get("speculators_config")
     methods = sc.get("proposal_methods") if isinstance(sc, dict) else None
+    # vLLM validates speculators_config (proposal_methods, verifier) only when the speculators checkpoint is the
+    # served model (maybe_override_with_speculators -> validate_speculators_config); as --speculative-config's
+    # model (how specdeploy serves it) SpeculatorsConfig.from_pretrained reads neither (probe: 0.16.0, 0.32.0).
+    served = "vLLM reads it only when the checkpoint is served as the model (vllm serve DRAFTER: 'Invalid " \
+        "speculators config structure'); specdeploy passes it as --speculative-config's model, where it is not read"
     if not (isinstance(methods, list) and methods and isinstance(methods[0], dict)
             and isinstance(methods[0].get("speculative_tokens"), int)):
-        rep.add("error", "speculators_config.proposal_methods", "missing, or its first entry has no "
-                "speculative_tokens: vLLM refuses the config (Invalid speculators config structure)",
-                "re-export with speculators, or add proposal_methods: [{proposal_type: greedy, "
-                "speculative_tokens: 3}]")
+        rep.add("warning", "speculators_config.proposal_methods", f"missing, or its first entry has no "
+                f"speculative_tokens: {served}", "re-export with speculators, or add proposal_methods: "
+                "[{proposal_type: greedy, speculative_tokens: 3}]")
     if not a.DRAFTER["reads_speculators"]:
         return
     verifier = sc.get("verifier") if isinstance(sc, dict) else None
     if not (isinstance(verifier, dict) and isinstance(verifier.get("name_or_path"), str)):
-        rep.add("error", "speculators_config.verifier", f"no verifier.name_or_path: {a.label} refuses the config "
-                "(Invalid speculators config structure)", CONVERT.format(engine=a.name) +
-                " (records the target as the verifier)")
+        rep.add("warning", "speculators_config.verifier", f"no verifier.name_or_path: {served}",
+                CONVERT.format(engine=a.name) + " (records the target as the verifier)")
     mt = d.layer.get("model_type", "llama")
     types = a.DRAFTER["speculators_model_types"]
     span = types.get(mt)
@@ -238,11 +253,12 @@ def _shape(d: Drafter, *names):
     return None, None
 
 
-def _check_shapes(d: Drafter, rep: Report):
+def _check_shapes(d: Drafter, rep: Report, head=None):
     h = d.hidden
     if d.fmt == "mla":
-        fc_shape(d, 3, rep)  # the MLA head fuses three; its q_a/kv_a/... are checked by the engine's own loader
-        return
+        if head is None:  # a release whose MLA head was not read: fc at least (it fuses three)
+            fc_shape(d, 3, rep)
+        return  # head.check_head compares every MLA parameter
     heads, hd = d.heads, d.head_dim
     kv = d._int("num_key_value_heads", d.layer) or heads
     inter = d._int("intermediate_size", d.layer)
@@ -283,11 +299,16 @@ def _check_lm_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report):
         swap = a.DRAFTER.get("lm_head_from_target_without_draft_vocab_size")
         if swap is not None and swap.contains(a.version) and not d.declares_draft_vocab and d.fmt != "speculators" \
                 and d.layer.get("tie_word_embeddings") is not True:
-            rep.add("error", "lm_head.weight", f"the checkpoint holds a trained lm_head {list(shape)}, but the "
-                    f"config has no draft_vocab_size: {a.label} {a.version} then loads the target's lm_head in its "
-                    "place (load_lm_head_from_target), so the head drafts with a head it was not trained with",
-                    CONVERT.format(engine=a.name) + f" (writes draft_vocab_size: {rows}, which keeps the trained "
-                    "head)")
+            # A full-vocabulary head: trained (then the swap collapses acceptance) or a copy of the target's head
+            # (ModelOpt exports one when the draft has none: then the swap changes nothing). The files do not say
+            # which; convert keeps the shipped head, which is right in both cases, and the drafter role converts.
+            rep.add("warning", "lm_head.weight", f"the checkpoint holds an lm_head {list(shape)}, but the config has "
+                    f"no draft_vocab_size: {a.label} {a.version} then loads the target's lm_head in its place "
+                    "(load_lm_head_from_target). If the shipped head was trained, the head drafts with one it was "
+                    "not trained with; if it is a copy of the target's (exporters write one for heads trained "
+                    "against the target's head), nothing changes",
+                    CONVERT.format(engine=a.name) + f" (writes draft_vocab_size: {rows}, which keeps the shipped "
+                    "head, right in both cases)")
         return
     if d.draft_vocab < t.vocab:
         rep.add("error", "lm_head.weight", f"missing, but the draft vocabulary ({d.draft_vocab}) is smaller than "
@@ -303,7 +324,7 @@ def _check_lm_head(d: Drafter, t: TargetModel, a: EngineAdapter, rep: Report):
                 "vocabulary is the target's)")
         return
     from_target = a.DRAFTER.get("lm_head_from_target_without_draft_vocab_size")
-    if d.fmt == "mla" or from_target is None or not from_target.contains(a.version):
+    if (d.fmt == "mla" and not a.DRAFTER.get("read")) or from_target is None or not from_target.contains(a.version):
         what = f"{a.label}'s MLA drafter" if d.fmt == "mla" else f"{a.label} {a.version}"
         rep.add("warning", "lm_head.weight", f"not in the checkpoint: whether {what} takes the "
                 "target's lm_head is not verified", "include lm_head.weight"
@@ -329,6 +350,8 @@ def _check_vocab(d: Drafter, t: TargetModel, rep: Report, a: EngineAdapter | Non
         return
     if d2t is None:
         return
+    if d.draft_vocab == t.vocab and a is not None and _d2t_unplaced(d, t, a, d2t, rep):
+        return
     if d2t.dtype != "I64":
         rep.add("error", "d2t", f"dtype {d2t.dtype}, the engines load it as int64", "save d2t as int64")
         return
@@ -345,6 +368,15 @@ def _check_vocab(d: Drafter, t: TargetModel, rep: Report, a: EngineAdapter | Non
     dups = len(ids) - len(np.unique(ids))
     if dups:
         rep.add("error", "d2t", f"{dups} duplicate target ids", "rebuild the vocab map")
+    elif len(ids) > 1 and not bool((np.diff(ids) > 0).all()):
+        # Values, not structure: the engines map draft row i to target id i + d2t[i] whatever the order; only the
+        # trained lm_head rows say which order is right. Every exporter read sorts the selection first.
+        rep.add("warning", "d2t", f"the target ids are not in ascending draft-id order (first descent at draft id "
+                f"{int(np.argmax(np.diff(ids) <= 0)) + 1}): EAGLE, SpecForge, speculators and TorchSpec build d2t "
+                "from the sorted selection and train lm_head's rows in that order, so a reordered d2t maps the rows "
+                "to other tokens than they were trained for (acceptance collapses); a head trained in this order "
+                "would be unaffected, which only its weights tell", "rebuild d2t from the selection in ascending "
+                "order (t2d's set ids) unless the head was trained in this order")
     if t2d is not None:
         if t2d.shape != (vocab,) and reads_t2d is False:
             rep.add("warning", "t2d", f"shape {list(t2d.shape)}, expected [{vocab}]; {label}'s loader skips t2d",
@@ -364,6 +396,25 @@ def _check_vocab(d: Drafter, t: TargetModel, rep: Report, a: EngineAdapter | Non
                     rep.add("error", "t2d", "t2d does not agree with d2t", "rebuild t2d from the same selection "
                             "as d2t")
     _check_eos(set(ids.tolist()), t, rep)
+
+
+def _d2t_unplaced(d: Drafter, t: TargetModel, a: EngineAdapter, d2t, rep: Report) -> bool:
+    """A d2t beside a draft vocabulary as large as the target's, on a release that builds no map for it."""
+    from specdeploy.drafter.head import known
+    raises = known(a.DRAFTER.get("d2t_needs_draft_vocabulary"), a.version)
+    if raises is False:
+        return False
+    identity = d2t.dtype == "I64" and d2t.shape == (d.draft_vocab,) and not read_array(d2t).any()
+    fix = (CONVERT.format(engine=a.name) + " (drops d2t and t2d: the map is the identity)") if identity else \
+        "re-export without d2t, or with the draft vocabulary it maps (draft_vocab_size below the target's)"
+    if raises is None:
+        rep.add("warning", "d2t", f"the draft vocabulary is the target's ({t.vocab}): whether {a.label} {a.version} "
+                "builds a draft-to-target map for it (0.32.0 does not, and refuses the shipped d2t) was not read", fix)
+        return False
+    rep.add("error", "d2t", f"the draft vocabulary is the target's ({t.vocab}), so {a.label} {a.version} builds no "
+            "draft_id_to_target_id and its loader raises on the shipped d2t ('There is no module or parameter named "
+            "draft_id_to_target_id'): the load fails", fix)
+    return True
 
 
 def _check_eos(ids: set[int], t: TargetModel, rep: Report):
@@ -434,6 +485,13 @@ def _check_no_aux(d: Drafter, a: EngineAdapter, run, why: str, rep: Report):
                 "set eagle_config.use_aux_hidden_state: true (or remove the key) if the drafter was trained with "
                 "aux states")
         return
+    if a.DRAFTER.get("fc_runs_without_aux"):
+        rep.add("error", key, f"false: {a.label} {a.version} then captures no aux hidden states, but its MLA head "
+                "runs fc on whatever it gets (combine_hidden_states has no such switch): fc takes "
+                f"{aux_count_text(d)} the hidden size and gets one, so the engine stops at its first draft",
+                "serve this head with SGLang, whose MLA head skips fc for one hidden state, or use a head trained "
+                "with aux states")
+        return
     v2 = a.DRAFTER.get("v2_aux_for_every_head")
     if v2 is not None and v2.contains(a.version) and run in ("v2", None):
         fix = (f"serve it on the V1 runner (specdeploy_engine_env: {{VLLM_USE_V2_MODEL_RUNNER: '0'}}), or use "
@@ -450,11 +508,34 @@ def _check_no_aux(d: Drafter, a: EngineAdapter, run, why: str, rep: Report):
             "target's last hidden state), so no aux layer ids apply")
 
 
+def aux_count_text(d: Drafter) -> str:
+    fc = d.tensors.get("fc.weight")
+    n = fc.shape[1] // d.target_hidden if fc is not None and len(fc.shape) == 2 and d.target_hidden else 3
+    return f"{n} times"
+
+
+def _check_model_type(d: Drafter, a: EngineAdapter, rep: Report):
+    """A draft config whose model_type the release rewrites into its MTP drafter's config (SpeculativeConfig.
+    hf_config_override runs on every draft model config, EAGLE-3 included)."""
+    mt = d.config.get("model_type")
+    span = a.DRAFTER.get("mtp_rewritten_model_types", {}).get(mt) if isinstance(mt, str) else None
+    if d.fmt == "speculators" or span is None or not span.contains(a.version):
+        return
+    want = a.DRAFTER["convert_model_types"][d.fmt]
+    rep.add("error", "model_type", f"{mt!r}: {a.label} {a.version} rewrites a draft config of this model type into "
+            "its MTP drafter's (architectures replaced by the MTP class), so method eagle3 finds no EAGLE-3 class "
+            "for it and the engine refuses to start", CONVERT.format(engine=a.name) + f" (writes model_type: {want}, "
+            "a type the release keeps as written)")
+
+
 def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Report, runner: str | None = None):
     top, nested = d.top_aux(), d.nested_aux()
     n = t.layers
     reads_top_first = get(engine).DRAFTER["aux_key"] == "eagle_aux_hidden_state_layer_ids"
-    for key, ids, limit in (("eagle_aux_hidden_state_layer_ids", top, n - 1),
+    fam = _aux_family(t)
+    final = get(engine).DRAFTER.get(f"aux_final_layer_{fam}") if fam else None
+    last = n if final is not None and final.contains(version) else n - 1  # the final output as id n
+    for key, ids, limit in (("eagle_aux_hidden_state_layer_ids", top, last),
                             ("eagle_config.eagle_aux_hidden_state_layer_ids", nested, n - 2)):
         if ids is None or (key != "eagle_aux_hidden_state_layer_ids" and reads_top_first and _ids_ok(top)):
             continue  # an engine that reads the top-level key first never reads the nested one here
@@ -465,7 +546,9 @@ def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Repor
         out = [i for i in ids if not 0 <= i <= limit]
         if out:
             rep.add("error", key, f"{out} out of range: the target has {n} layers, so "
-                    + (f"vLLM captures layer inputs 0..{n - 1}; a higher id is never captured" if limit == n - 1 else
+                    + (f"vLLM captures layer inputs 0..{n - 1}" + (f" and the final output as {n}" if last == n else
+                                                                         "") + "; a higher id is never captured"
+                       if key == "eagle_aux_hidden_state_layer_ids" else
                        f"SGLang ids (layer outputs) go up to {limit}; the final layer's output is never captured"),
                     "use the taps the drafter was trained on; an id equal to the layer count is never captured")
             return
@@ -480,11 +563,14 @@ def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Repor
             return
     trained, source = trained_taps(d)
     taps, how = engine_taps(d, t, engine, version, runner)
-    zero = get(engine).DRAFTER.get("aux_layer_zero_fails_llama")
-    if taps and 0 in taps and zero is not None and zero.contains(version) and "LlamaForCausalLM" in t.architectures:
+    family = _aux_family(t)
+    zero = get(engine).DRAFTER.get(f"aux_layer_zero_fails_{family}") if family else None
+    if taps and 0 in taps and zero is not None and zero.contains(version):
+        what = "Llama" if family == "llama" else "DeepSeek/Kimi"
         rep.add("error", get(engine).DRAFTER["aux_key"], f"{engine} {version} captures aux layer 0 ({taps}, {how}): "
-                "its Llama target adds the residual to the hidden state, and layer 0 has none, so the first "
-                "forward fails (TypeError)", f"use {engine} {zero.until} or later, or taps from layer 1 on")
+                f"its {what} target adds the residual to the hidden state, and layer 0 has none, so the first "
+                "forward fails (TypeError)", (f"use {engine} {zero.until} or later, or " if zero.until else "use ")
+                + "taps from layer 1 on")
         return
     fix = CONVERT.format(engine=engine) + " (writes both keys explicitly)"
     key = get(engine).DRAFTER["aux_key"]
@@ -502,11 +588,19 @@ def _check_aux(d: Drafter, t: TargetModel, engine: str, version: str, rep: Repor
         rep.add("info", key, f"not set; {engine} captures {taps} ({how}), which equals the trained taps")
 
 
+def _aux_family(t: TargetModel) -> str | None:
+    """The target model family whose aux capture the tables record ("llama", "deepseek"); None: not read."""
+    if t.is_kimi_or_deepseek:
+        return "deepseek"
+    return "llama" if "LlamaForCausalLM" in t.architectures else None
+
+
 def _check_norm(d: Drafter, a: EngineAdapter, rep: Report):
     nbr = d.norm_before_residual(a.name)
-    if a.DRAFTER.get("norm_before_residual") is False and d.fmt in ("llama", "speculators") and nbr:
+    if a.DRAFTER.get("norm_before_residual") is False and d.fmt in ("llama", "speculators", "mla") and nbr:
         why = "" if "norm_before_residual" in d.config else " (speculators configs default it to True)"
-        rep.add("error", "norm_before_residual", f"True{why}, but {a.label}'s Llama EAGLE-3 drafter implements only "
+        kind = "MLA" if d.fmt == "mla" else "Llama"
+        rep.add("error", "norm_before_residual", f"True{why}, but {a.label}'s {kind} EAGLE-3 drafter implements only "
                 "False: the drafter would run with the wrong residual math",
                 f"serve this drafter with {a.drafter_fallback}")
 

@@ -53,6 +53,10 @@ def register(cls: type[EngineAdapter]) -> type[EngineAdapter]:
     """Add an adapter class under ``cls.name`` (usable as a class decorator)."""
     if not cls.name or not cls.name.isidentifier():
         raise ValueError(f"an engine adapter needs a name that is an identifier, not {cls.name!r}")
+    have = _builtins().get(cls.name)
+    if have is not None and have is not cls:
+        raise ValueError(f"engine {cls.name!r} is registered already (by {have.__module__}.{have.__qualname__}); "
+                         f"registered engines: {', '.join(names())}")
     _builtins()[cls.name] = cls
     return cls
 

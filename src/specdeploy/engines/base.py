@@ -90,6 +90,10 @@ class LoadLog:
     graphs: Any = None
     graphs_done: Any = None
     ready: Any = None
+    # for triage: lines that show a start or a load under way, and lines besides ``ready`` that show the engine
+    # serves (pattern text, matched without regard to case)
+    starting: str = ""
+    serving: str = ""
 
 
 @dataclass(frozen=True)
@@ -421,7 +425,11 @@ class EngineAdapter:
             if not arg.startswith("--"):
                 continue
             flag = arg.split("=", 1)[0]
-            if flag in self.layout_flags:
+            if flag == "--":
+                out.append(Finding("error", "specdeploy_engine_extra_args", "a bare -- ends the engine's options: "
+                                   "every argument after it would be read as a positional one",
+                                   "remove it; give a value that starts with -- as --flag=VALUE", host))
+            elif flag in self.layout_flags:
                 out.append(Finding(
                     "error", "specdeploy_engine_extra_args", f"{flag} places the engine in a serving group, which "
                     "specdeploy writes per rank from the inventory", "remove it and set specdeploy_topology and "

@@ -22,4 +22,6 @@ LOAD_LOG = LoadLog(
     graphs=re.compile(r"(?:Capturing batches \([^)]*\)):\s+(\d+)%\|[^|]*\| (\d+)/(\d+)"),
     graphs_done=re.compile(r"Capture cuda graph end"),
     ready=re.compile(r"The server is fired up and ready to roll"),
+    starting=r"Load weight begin|Init torch distributed|Capture cuda graph begin",
+    serving=r"The server is fired up and ready",
 )

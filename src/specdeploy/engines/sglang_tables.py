@@ -130,6 +130,9 @@ DRAFTER = {
         "norm_output": {"top": (Span("0.5.12"), Span("0.5.11", "0.5.12"))},
     },
     "aux_count_from_ids": Span("0.5.12"),
+    # input_norm, then the per-aux fc_norm (read in 0.5.17, 0.5.20 and 0.5.23): a missing input_norm.weight (ones)
+    # is a uniform scale those norms remove
+    "input_norm_then_fc_norm": Span("0.5.17"),
     # aux_norm_low/mid/high.* are renamed to fc_norm.0/1/2.*
     "legacy_aux_norm_names": Span("0.5.12"),
     # the config key "bias" gives fc a bias
@@ -142,6 +145,36 @@ DRAFTER = {
     # tie_word_embeddings true: lm_head IS embed_tokens (then replaced by the target's embedding), so a
     # trained lm_head.weight in the checkpoint is dropped.
     "tied_lm_head_is_embedding": Span("0.5.11"),
+    # --- the MLA EAGLE-3 head (models/kimi_k25_eagle3.py, Eagle3DeepseekV2ForCausalLM), read in the 0.5.12,
+    # 0.5.12.post1, 0.5.13, 0.5.16 to 0.5.23 wheels; drafter/mla.py lays these keys over the ones above ---
+    "mla": {
+        "read": Span("0.5.12"),
+        # one decoder layer (mla_max_layers): layers.0.* is renamed to midlayer.*, which loads as it is
+        "llama_multi_layer": None,
+        "legacy_aux_norm_names": None,
+        # Eagle3MLADecoderLayer raises ValueError("Eagle3 MLA layer requires q_lora_rank in the draft config")
+        "needs_q_lora_rank": Span("0.5.12"),
+        "q_lora_rank_failure": "SGLang: ValueError 'Eagle3 MLA layer requires q_lora_rank'",
+        "switches": {
+            # the runner captures no aux states when it is false; the head skips fc for hidden-size states
+            "use_aux_hidden_state": {"eagle_config": (Span("0.5.12"), None)},
+            "fc_norm": {"top": (Span("0.5.13"), Span("0.5.12", "0.5.13"))},
+            "use_aux_norm": {"top": (Span("0.5.13"), Span("0.5.12", "0.5.13"))},
+            "norm_output": {"top": (Span("0.5.13"), Span("0.5.12", "0.5.13"))},
+            "norm_before_fc": {"top": (None, Span("0.5.12")), "eagle_config": (None, Span("0.5.12"))},
+        },
+        # fc fuses len(eagle_config ids), else len(top-level ids), else 3 states (_get_eagle_aux_layer_count)
+        "aux_count_from_ids": Span("0.5.12"),
+        "aux_count_keys": ("nested", "top"),
+        "fc_bias_key": Span("0.5.12"),
+        "attention_bias": None,
+        "layer_extras": {},
+        "skips_unbuilt_input_norm": None,
+        # load_weights logs "Eagle3 MLA: skipping unexpected weight" and goes on; it returns nothing
+        "unknown_tensor_dropped": Span("0.5.12"),
+        "unknown_tensor_logged": True,
+        "missing_tensor_uninitialised": Span("0.5.12"),
+    },
 }
 
 # specdeploy_spec_method -> --speculative-algorithm. NEXTN (mtp) is EAGLE over the target's own MTP layers: for the

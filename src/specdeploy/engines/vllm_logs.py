@@ -53,4 +53,7 @@ LOAD_LOG = LoadLog(
     graphs=re.compile(r"(?:Capturing CUDA graphs?[^:]*):\s+(\d+)%\|[^|]*\| (\d+)/(\d+)"),
     graphs_done=re.compile(r"Graph capturing finished in"),
     ready=re.compile(r"Application startup complete"),
+    starting=(r"Starting to load model|Loading model weights|Memory profiling|Capturing (?:CUDA )?graph|"
+              r"Compiling a graph|Initializing a V\d LLM engine|Starting .*vLLM"),
+    serving=r"Starting vLLM API server on",
 )

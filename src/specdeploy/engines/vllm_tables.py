@@ -164,6 +164,9 @@ DRAFTER = {
     },
     # fc fuses len(eagle_config.eagle_aux_hidden_state_layer_ids) states (else 3); before, always 3.
     "aux_count_from_ids": Span("0.22.0"),
+    # combine_hidden_states applies input_norm and then the per-aux fc_norm (0.22.0 on): an input_norm.weight the
+    # checkpoint lacks stays at its initial ones, a uniform scale the per-aux RMSNorms remove exactly.
+    "input_norm_then_fc_norm": Span("0.22.0"),
     # attention_bias: q/k/v/o projections carry biases (LlamaAttention builds o_proj's bias too).
     "attention_bias": Span(),
     # Parameters a drafter class adds to each decoder layer beyond the Llama head's (Qwen3 layers norm q and k
@@ -186,12 +189,25 @@ DRAFTER = {
     # norm_before_fc is off from 0.18.0 (before, no input_norm exists and the name is unknown).
     "fc_always_built": False,
     "skips_unbuilt_input_norm": Span("0.18.0"),
+    # A draft vocabulary as large as the target's: from 0.32.0 the Llama and MLA heads build no
+    # draft_id_to_target_id (None unless draft_vocab_size != the target's vocabulary), so a shipped d2t reaches no
+    # parameter and AutoWeightsLoader raises (measured: the oracle's V-d2t-identity is refused on 0.32.0, served
+    # on 0.16.0); up to 0.27.0 the parameter is always built. 0.28 to 0.31 not read.
+    "d2t_needs_draft_vocabulary": (Span("0.32.0"), Span(None, "0.28.0")),
     # tie_word_embeddings is not read by the EAGLE-3 head (it always builds its own lm_head).
     # t2d is skipped by the head's load_weights ("if 't2d' in name: continue", 0.16.0 and 0.32.0): only d2t maps.
     "reads_t2d": False,
     # LlamaModel.forward captures aux layer L as hidden_states + residual; layer 0's residual is None, so an aux id
     # 0 fails the first forward (TypeError, measured on 0.16.0 by the oracle); from 0.18.0 it is captured apart.
     "aux_layer_zero_fails_llama": Span(None, "0.18.0"),
+    # DeepseekV2Model.forward (DeepSeek-V2/V3 and the Kimi-K2/K2.5 language model) still captures aux layer L as
+    # hidden_states + residual in every release with DeepSeek EAGLE-3 targets (0.18.0 on): an aux id 0 fails the
+    # first forward (TypeError, measured on 0.32.0 by the MLA oracle's M-aux-nested).
+    "aux_layer_zero_fails_deepseek": Span("0.18.0"),
+    # The final layer's output as aux id n (the layer count): LlamaModel adds it after the last layer from 0.18.0
+    # (_maybe_add_hidden_state at idx + 1), DeepseekV2Model from 0.26.0 (end_layer in aux_hidden_state_layers).
+    "aux_final_layer_llama": Span("0.18.0"),
+    "aux_final_layer_deepseek": Span("0.26.0"),
     # --- the model runners (read in 0.16.0 to 0.22.1, 0.24.0, 0.26.0, 0.27.0, 0.32.0 and 0.33.0) ---
     # Which runner serves by default on a GPU host with Triton (VllmConfig.use_v2_model_runner; the env
     # VLLM_USE_V2_MODEL_RUNNER overrides it), as (releases, rule, architectures): "v1" (V2 only on request, env
@@ -222,6 +238,62 @@ DRAFTER = {
     # reads eagle_config.use_aux_hidden_state: a head built without fc then gets the three fused states where it
     # takes one (llama_eagle3's "hidden_states and input_embeds must have the same last dimension").
     "v2_aux_for_every_head": Span("0.17.0", "0.33.0"),
+    # SpeculativeConfig.hf_config_override runs on every draft model config (the EAGLE-3 one included) and turns
+    # these model types into the release's MTP drafter config (architectures replaced by DeepSeekMTPModel,
+    # KimiK3MTPModel, ...): method eagle3 then asks for Eagle3<MTP class>, which no release registers, and the engine
+    # refuses ("Model architectures ['Eagle3DeepSeekMTPModel'] are not supported", measured on 0.32.0). Read in
+    # 0.16.0, 0.18.0, 0.22.0, 0.26.0, 0.27.0, 0.32.0 and 0.33.0 (tests/contract/test_drafter_mla_contract.py).
+    "mtp_rewritten_model_types": {"deepseek_v3": Span(), "deepseek_v32": Span(), "glm_moe_dsa": Span(),
+                                  "kimi_k3": Span("0.27.0")},
+    # What `drafter convert` writes as model_type in their place (types hf_config_override leaves alone; an MLA
+    # head as deepseek_v2 loads and serves on 0.32.0's CPU build).
+    "convert_model_types": {"llama": "llama", "mla": "deepseek_v2"},
+    # --- the MLA EAGLE-3 head (models/deepseek_eagle3.py: Eagle3DeepseekV2ForCausalLM and its alias
+    # Eagle3DeepseekV3ForCausalLM), read in 0.18.0, 0.19.0, 0.20.0, 0.21.0, 0.22.0, 0.22.1, 0.24.0, 0.26.0, 0.27.0,
+    # 0.32.0 and 0.33.0; drafter/mla.py lays these keys over the ones above for an MLA drafter ---
+    "mla": {
+        "read": Span("0.18.0"),
+        # num_hidden_layers decoder layers, named layers.N. (midlayer. is renamed to layers.0.); layer 0 takes the
+        # embeddings and hidden states side by side (2 * hidden_size), and only layer 0 runs hidden_norm
+        "llama_multi_layer": None,
+        # DeepseekV2MLAAttention builds the fused q_a/kv_a projection only with q_lora_rank; the loader maps
+        # kv_a_proj_with_mqa onto it whatever the config, so a head without q_lora_rank does not load
+        "needs_q_lora_rank": Span("0.18.0"),
+        "q_lora_rank_failure": "vLLM: KeyError for fused_qkv_a_proj until 0.24.0, 'There is no module or parameter "
+                               "named ...fused_qkv_a_proj' from 0.26.0",
+        "switches": {
+            # read by the model runner (which states it captures); the head itself never reads it
+            "use_aux_hidden_state": {"eagle_config": (Span(), None)},
+            "fc_norm": {"top": (Span("0.22.0"), Span(None, "0.22.0"))},
+            "norm_output": {"top": (Span("0.22.0"), Span(None, "0.22.0"))},
+            # no release's MLA head reads it: no input_norm is built
+            "norm_before_fc": {"top": (None, Span()), "eagle_config": (None, Span())},
+        },
+        # 0.22.0 and 0.22.1 build fc_norm.K and load the trained weights, but combine_hidden_states never applies
+        # them; 0.24.0 on applies them (0.23 not read)
+        "fc_norm_unapplied": Span("0.22.0", "0.23.0"),
+        "fc_norm_applied": Span("0.24.0"),
+        # fc fuses num_aux_hidden_states, else len(eagle_config.eagle_aux_hidden_state_layer_ids), else 3 states
+        "aux_count_from_ids": Span("0.22.0"),
+        "aux_count_keys": ("num_aux_hidden_states", "nested"),
+        # combine_hidden_states runs fc whatever eagle_config.use_aux_hidden_state says
+        "fc_runs_without_aux": True,
+        "fc_always_built": True,
+        "fc_bias_key": None,  # fc is built without a bias
+        "attention_bias": None,
+        "layer_extras": {},
+        "skips_unbuilt_input_norm": None,
+        # A tensor the head has no parameter for: its own params_dict loop drops it without a word until 0.24.0,
+        # but a name with a fused shard's part (gate_proj, up_proj, q_a_proj, kv_a_proj_with_mqa) is looked up as
+        # the fused parameter and raises KeyError; from 0.26.0 AutoWeightsLoader raises on any (a .bias excepted).
+        # 0.25 not read.
+        "unknown_tensor_dropped": Span("0.18.0", "0.25.0"),
+        "unknown_stacked_raises": Span("0.18.0", "0.25.0"),
+        "unknown_tensor_raises": Span("0.26.0"),
+        "unknown_bias_dropped": Span("0.26.0"),
+        # Eagle3DeepseekV2ForCausalLM.load_weights returns nothing: the model loader cannot tell what was not loaded
+        "missing_tensor_uninitialised": Span("0.18.0"),
+    },
 }
 
 # specdeploy_spec_method -> the speculative config's method. ``mtp`` (in MTPModelTypes of 0.16.0 and 0.32.0) drafts

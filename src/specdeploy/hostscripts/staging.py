@@ -266,14 +266,6 @@ def store_of(link: str | Path) -> Path:
     return link.parent / f".{link.name}.specdeploy"
 
 
-def store_paths(link: str | Path, cid: str) -> dict[str, str]:
-    """Where a copy with content id ``cid`` of the checkpoint at ``link`` lives in its store: the finished copy,
-    the copy in progress, and the mark that says the copy is complete."""
-    store = store_of(link)
-    return {"copy": str(store / cid), "partial": str(store / f"{cid}.partial"),
-            "complete": str(store / cid / COMPLETE)}
-
-
 class SwitchError(RuntimeError):
     pass
 
@@ -518,40 +510,33 @@ def precheck(mode: str, path: str, kind: str = "model", shared: str | None = Non
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="staging.py", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    v = sub.add_parser("verify", help="check a checkpoint (headers only; sha256 with --manifest)")
-    v.add_argument("dir")
-    v.add_argument("--variable", default="specdeploy_model_path")
-    v.add_argument("--manifest")
-    v.add_argument("--stamp")
-    v.add_argument("--write-stamp", action="store_true")
-    v.add_argument("--json", action="store_true")
-    s = sub.add_parser("stage", help="verified, resumable copy beside LINK, then an atomic switch of LINK")
-    for name in ("src", "link"):
-        s.add_argument(name)
-    s.add_argument("--jobs", type=int, default=4)
-    s.add_argument("--verify", choices=["hash", "headers"], default="hash")
-    s.add_argument("--variable", default="specdeploy_model_path")
-    s.add_argument("--manifest")
-    s.add_argument("--progress-file")
-    s.add_argument("--max-rate-mbps", type=float, default=0.0,
-                   help="read at most this many MB/s from the source, all jobs together (0: no limit)")
-    s.add_argument("--json", action="store_true")
-    f = sub.add_parser("finish", help="verify STORE/ID.partial (copied by rsync), mark it complete, switch LINK")
-    for name in ("link", "id"):
-        f.add_argument(name)
-    f.add_argument("--variable", default="specdeploy_model_path")
-    f.add_argument("--manifest")
-    c = sub.add_parser("precheck", help="host-side checks before any change: the source and the target path")
-    c.add_argument("mode", choices=["host", "controller", "shared"])
-    c.add_argument("path")
-    c.add_argument("--kind", choices=["model", "drafter"], default="model")
-    c.add_argument("--shared")
-    w = sub.add_parser("switch", help="point LINK at TARGET with one rename")
-    for name in ("link", "target"):
-        w.add_argument(name)
-    w.add_argument("--variable", default="specdeploy_model_path")
-    i = sub.add_parser("id", help="content id of a directory (names, sizes, mtimes)")
-    i.add_argument("dir")
+    flag = {"action": "store_true"}
+    var = {"default": "specdeploy_model_path"}
+    # command -> (help, positionals, options)
+    commands = {
+        "verify": ("check a checkpoint (headers only; sha256 with --manifest)", ["dir"],
+                   {"--variable": var, "--manifest": {}, "--stamp": {}, "--write-stamp": flag, "--json": flag}),
+        "stage": ("verified, resumable copy beside LINK, then an atomic switch of LINK", ["src", "link"],
+                  {"--jobs": {"type": int, "default": 4},
+                   "--verify": {"choices": ["hash", "headers"], "default": "hash"}, "--variable": var,
+                   "--manifest": {}, "--progress-file": {},
+                   "--max-rate-mbps": {"type": float, "default": 0.0, "help": "read at most this many MB/s from the "
+                                       "source, all jobs together (0: no limit)"}, "--json": flag}),
+        "finish": ("verify STORE/ID.partial (copied by rsync), mark it complete, switch LINK", ["link", "id"],
+                   {"--variable": var, "--manifest": {}}),
+        "precheck": ("host-side checks before any change: the source and the target path", ["path"],
+                     {"--kind": {"choices": ["model", "drafter"], "default": "model"}, "--shared": {}}),
+        "switch": ("point LINK at TARGET with one rename", ["link", "target"], {"--variable": var}),
+        "id": ("content id of a directory (names, sizes, mtimes)", ["dir"], {}),
+    }
+    for name, (text, positionals, options) in commands.items():
+        cmd = sub.add_parser(name, help=text)
+        if name == "precheck":
+            cmd.add_argument("mode", choices=["host", "controller", "shared"])
+        for arg in positionals:
+            cmd.add_argument(arg)
+        for opt, kw in options.items():
+            cmd.add_argument(opt, **kw)
     a = ap.parse_args(argv)
     try:
         if a.cmd == "verify":

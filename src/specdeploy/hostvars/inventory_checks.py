@@ -173,9 +173,9 @@ def check_conflicts(inv, base: Path, hosts: dict[str, Any], extra: dict, engine_
                 continue
             ignored = ", ".join(safe(f.name) for f in files[1:])
             if files[0].is_dir():
-                warnings.append(Finding("warning", str(files[1]), f"{kind}/{safe(name)}/ is a directory, so Ansible "
-                                        f"reads it and ignores {ignored} beside it", f"move what {ignored} holds into "
-                                        f"{kind}/{safe(name)}/ (one file there per concern)"))
+                errors.append(_error(str(files[1]), f"{kind}/{safe(name)}/ is a directory, so Ansible reads it and "
+                                     f"ignores {ignored} beside it without a word", f"move {ignored} into "
+                                     f"{kind}/{safe(name)}/ (Ansible reads every file there)"))
             else:
                 errors.append(_error(str(files[1]), f"{kind}/{safe(name)} is given by {len(files)} files ("
                                      + ", ".join(safe(f.name) for f in files) + f"); Ansible reads "

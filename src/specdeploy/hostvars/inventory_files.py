@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from typing import Any
 
 import yaml
@@ -26,40 +25,22 @@ def refuse(where: str, message: str, fix: str) -> SpecdeployError:
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
-    """The bytes of a regular file; a FIFO, device, socket or directory is refused without blocking on it."""
+    """The bytes of a regular file of at most MAX_BYTES (values.bounded.read_regular); a FIFO, device, socket or
+    directory is refused without blocking on it, each refusal naming the file and the fix."""
+    from specdeploy.values.bounded import Refused, read_regular
     p = str(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return read_regular(p, MAX_BYTES)
     except IsADirectoryError:
         raise refuse(p, "is a directory where a file is expected",
                      "make it a YAML file, or move the directory out of the inventory") from None
+    except Refused as exc:
+        fix = ("make it a YAML file, or move the directory out of the inventory" if "directory" in str(exc) else
+               "split it, or remove what is not inventory data" if "bytes" in str(exc) or "grew" in str(exc) else
+               "give a regular YAML file")
+        raise refuse(p, str(exc), fix) from None
     except OSError as exc:
         raise refuse(p, f"cannot be opened ({exc.strerror or exc})", "check the path and its permissions") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise refuse(p, "is a directory where a file is expected",
-                         "make it a YAML file, or move the directory out of the inventory")
-        if not stat.S_ISREG(st.st_mode):
-            raise refuse(p, "is not a regular file (a FIFO, socket or device); specdeploy does not read from it",
-                         "give a regular YAML file")
-        if st.st_size > MAX_BYTES:
-            raise refuse(p, f"is {st.st_size} bytes, more than the {MAX_BYTES >> 20} MiB an inventory file may have",
-                         "split it, or remove what is not inventory data")
-        os.set_blocking(fd, True)
-        chunks, left = [], MAX_BYTES + 1
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 20))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > MAX_BYTES:
-        raise refuse(p, f"grew past {MAX_BYTES >> 20} MiB while being read", "give a regular YAML file")
-    return data
 
 
 MAX_LINE = 64 << 10  # bytes; Ansible's INI and YAML parsers crawl through a megabyte-long line for tens of seconds

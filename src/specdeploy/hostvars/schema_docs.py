@@ -188,7 +188,25 @@ def variables_markdown() -> str:
         default = "required" if f.is_required() else f"`{f.get_default(call_default_factory=True)!r}`"
         kind = " \\| ".join(f"`{c}`" for c in _choices(name)) if _choices(name) else _type_text(f.annotation)
         lines.append(f"| `{name}` | {kind} | {default} | {f.description} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + release_lines()) + "\n"
+
+
+def release_lines() -> list[str]:
+    """The "Engine releases" section: the release each engine deploys when the inventory pins none, per hardware,
+    with the reason (each adapter's ``pins``)."""
+    from specdeploy.engines import adapters
+    out = ["## Engine releases", "",
+           "`specdeploy_engine` alone picks the engine; its release comes from `specdeploy_engine_version` (an "
+           "override for whichever engine is chosen), else `specdeploy_engine_versions.<engine>`, else the release "
+           "specdeploy pins below. `specdeploy preflight` says which it chose and why. The example inventories pin "
+           "both engines in `specdeploy_engine_versions`, so switching `specdeploy_engine` switches the release "
+           "with it.", "",
+           "| engine | hardware | release | why |", "|---|---|---|---|"]
+    for a in adapters():
+        for pin in a.pins:
+            where = f"compute capability {pin.compute_capability}*" if pin.compute_capability else "every profile"
+            out.append(f"| {a.label} | {where} | {pin.version} | {pin.reason} |")
+    return out
 
 
 

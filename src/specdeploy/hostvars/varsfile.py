@@ -1,6 +1,7 @@
-"""One variable set in a host_vars or group_vars YAML file that a person also edits (``nccl choose
---write-host-vars``): everything else in the file stays byte for byte (comments, order, quoting, ``!vault``
-values); only the variable's own block, and the comment lines the command wrote above it, are replaced.
+"""Where specdeploy writes into a host's host_vars directory (``host_vars_file``), and one variable set in a
+host_vars or group_vars YAML file that a person also edits (``nccl choose --write-host-vars``): everything else in
+the file stays byte for byte (comments, order, quoting, ``!vault`` values); only the variable's own block, and the
+comment lines the command wrote above it, are replaced.
 
 The file's top level must be a block mapping (``key: value`` lines, as Ansible's vars files are); a flow mapping,
 a list, or text that is not YAML is refused. The result is parsed again and must hold the same variables as
@@ -102,3 +103,27 @@ def _end_line(node: yaml.Node, lines: list[str]) -> int:
     while end > node.start_mark.line + 1 and (not lines[end - 1].strip() or lines[end - 1].lstrip().startswith("#")):
         end -= 1
     return max(end, node.start_mark.line + 1)
+
+
+def host_vars_file(inventory_dir: str, host: str, name: str, writing: bool = True) -> str:
+    """A controller-side inventory file of specdeploy's in a host's host_vars directory (the gate's verdict, the
+    chosen NCCL environment); the host name and the file name must each be one path component. Refused where the
+    host's variables are a file (``host_vars/<host>.yml``): a directory beside it would make Ansible ignore that
+    file without a word (``writing``; a read of the file that cannot be there is not)."""
+    import os
+    for what, part in (("host", host), ("file", name)):
+        if not part or part in (".", "..") or "/" in part or "\x00" in part:
+            raise ValueError(f"{what} {part!r} is not one path component")
+    base = f"{inventory_dir}/host_vars/{host}"
+    if writing and not os.path.isdir(base):
+        for ext in ("", ".yml", ".yaml", ".json"):
+            if os.path.isfile(base + ext):
+                raise ValueError(f"{base + ext} holds {host}'s variables; writing {name} into host_vars/{host}/ "
+                                 f"would make Ansible ignore that file: move it into host_vars/{host}/ (Ansible "
+                                 "reads every file there)")
+    return f"{base}/{name}"
+
+
+def gate_vars_file(inventory_dir: str, host: str, writing: bool = True) -> str:
+    """The controller-side inventory file where the gate writes a host's verdict as variables."""
+    return host_vars_file(inventory_dir, host, "specdeploy_gate.yml", writing)

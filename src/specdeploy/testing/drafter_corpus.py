@@ -134,16 +134,9 @@ _NO_TORCHVISION = Exclusion(frozenset(), frozenset({"config"}), (
     "Generation) imports transformers' Llama-4 image processor (image_processing_llama4, _fast in 0.16), which "
     "imports torchvision, and the CPU venv has none, so ModelConfig stops at 'failed to be inspected' before "
     "the drafter is judged"))
-_SERVED_AS_MODEL = Exclusion(frozenset({"config"}), frozenset(), (
-    "the verifier is read only when the speculators checkpoint is itself the served model (vllm serve DRAFTER: "
-    "maybe_override_with_speculators -> SpeculatorsConfig.validate_speculators_config raises 'Invalid "
-    "speculators config structure'); the probe builds the configs as specdeploy deploys them (vllm serve TARGET "
-    "--speculative-config), where SpeculatorsConfig.from_pretrained does not read it"))
 EXCLUDED: dict[tuple[str, str], Exclusion] = {
     ("specforge-llama4-scout-17b-16e-eagle3", "0.16.0"): _NO_TORCHVISION,
     ("specforge-llama4-scout-17b-16e-eagle3", "0.32.0"): _NO_TORCHVISION,
-    ("speculators-eagle3-without-verifier", "0.16.0"): _SERVED_AS_MODEL,
-    ("speculators-eagle3-without-verifier", "0.32.0"): _SERVED_AS_MODEL,
     ("kimi-k2.5-eagle3-mla-2-layers", "0.32.0"): Exclusion(frozenset(), frozenset({"missing"}), (
         "the probe counts model.layers.1.hidden_norm.weight as missing: deepseek_eagle3.py builds hidden_norm "
         "in every decoder layer but only layer 0 calls it (_residual_norm runs for layer_idx 0 alone), so the "

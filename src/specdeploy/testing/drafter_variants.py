@@ -356,6 +356,10 @@ def doctor_classes(rep) -> set[str]:
         elif s in ("architectures", "speculators_model_type") or s.startswith(("speculators_config",
                                                                                   "transformer_layer_config")):
             out.add("config")
+        elif s == "tensor names" and "carry a leading model." in m:
+            # one finding for a whole checkpoint behind a leading model.: every tensor, d2t included, reaches a
+            # name no parameter has, so the engine reports the unknown names, the missing parameters and d2t
+            out |= {"names", "missing", "d2t"}
         elif s in ("tensor names", "layers.0.*"):
             out.add("names")
         elif s in ("tensor shapes", "layer shapes") or (s in ("fc.weight", "lm_head.weight") and

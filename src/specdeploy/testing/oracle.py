@@ -48,14 +48,14 @@ def _gen_env() -> dict:
     return {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
 
 
-def _generate(spec: dict, out: Path, progress=None):
+def _generate(spec: dict, out: Path, progress=None, generator: Path = GENERATOR):
     py = tinymodels.python(progress)
-    p = subprocess.run([str(py), str(GENERATOR), str(out)], input=json.dumps(spec), capture_output=True, text=True,
+    p = subprocess.run([str(py), str(generator), str(out)], input=json.dumps(spec), capture_output=True, text=True,
                        env=_gen_env(), timeout=1800)
     if p.returncode != 0:
         tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-15:])
         raise SpecdeployError([Finding("error", "oracle", f"the oracle generator failed (exit {p.returncode}):\n"
-                                       f"{tail}", f"run {py} {GENERATOR} by hand to see why")])
+                                       f"{tail}", f"run {py} {generator} by hand to see why")])
 
 
 def target_spec() -> dict:
@@ -96,9 +96,11 @@ def _driver_env(version: str) -> dict:
 
 
 def measure(version: str, target_dir: Path, cases: dict[str, Path], timeout: float = 3600,
-            progress=None, on_batch=None) -> dict[str, dict]:
+            progress=None, on_batch=None, max_rss_mib: int = 6144,
+            dtype: str = TARGET_CONFIG["torch_dtype"]) -> dict[str, dict]:
     """Each case served by the real vLLM ``version``: {name: the driver's answer}. The driver ends after a case
-    the engine refuses; a new one takes the cases left."""
+    the engine refuses, or once its resident memory passes ``max_rss_mib`` (0.16.0 keeps about 1 GB per engine
+    start); a new one takes the cases left."""
     py = realengine.venv(version) / "bin" / "python"
     left = list(cases)
     if not left:
@@ -106,8 +108,8 @@ def measure(version: str, target_dir: Path, cases: dict[str, Path], timeout: flo
     out: dict[str, dict] = {}
     end = time.time() + timeout
     while left:
-        job = {"target": str(target_dir), "dtype": TARGET_CONFIG["torch_dtype"], "k": K, "prompts": PROMPTS,
-               "max_tokens": MAX_TOKENS, "max_rss_mib": 10240,
+        job = {"target": str(target_dir), "dtype": dtype, "k": K, "prompts": PROMPTS,
+               "max_tokens": MAX_TOKENS, "max_rss_mib": max_rss_mib,
                "cases": [{"id": n, "drafter": str(cases[n])} for n in left]}
         try:
             p = subprocess.run([str(py), str(DRIVER)], input=json.dumps(job), capture_output=True, text=True,
@@ -198,14 +200,14 @@ def judge(name: str, release: str, doctor_errors, oracle_verdict: str) -> str:
 
 
 def convert_and_measure(version: str, target_dir: Path, dirs: dict[str, Path], vs: list[Variant], tmp: Path,
-                        progress=None) -> dict[str, dict]:
+                        progress=None, measure_fn=None, **measure_args) -> dict[str, dict]:
     """The variants whose doctor errors are all ones `drafter convert` repairs: converted for ``version`` and
     served again; {name: {"verdict", "rate0", "actions"} or {"verdict": "not converted", "why"}}."""
     from specdeploy.drafter import check, convert, is_convertible
     out: dict[str, dict] = {}
     todo: dict[str, Path] = {}
     for v in vs:
-        rep = check(dirs[v.name], target_dir, realengine.ENGINE, version)
+        rep = check(dirs[v.name], target_dir, realengine.ENGINE, version, runner=RUNNER)  # the runner measured
         if not rep.errors or not all(is_convertible(f) for f in rep.errors):
             continue
         dst = tmp / v.name
@@ -217,26 +219,29 @@ def convert_and_measure(version: str, target_dir: Path, dirs: dict[str, Path], v
         out[v.name] = {"actions": meta["actions"]}
         todo[v.name] = dst
     if todo:
-        got = measure(version, target_dir, todo, progress=progress)
+        got = (measure_fn or measure)(version, target_dir, todo, progress=progress, **measure_args)
         for name, r in got.items():
             out[name].update(verdict=verdict(r), rate0=rate(r))
     return out
 
 
 # --- the record ---------------------------------------------------------------------------------------------
-def record_path(release: str) -> Path:
-    return RECORDS / f"vllm-{release}.json"
+def record_path(release: str, which: str | None = None) -> Path:
+    return RECORDS / (f"vllm-{release}.json" if not which else f"vllm-{release}-{which}.json")
 
 
-def load_record(release: str) -> dict:
-    p = record_path(release)
+def load_record(release: str, which: str | None = None) -> dict:
+    p = record_path(release, which)
     if not p.is_file():
         raise SpecdeployError([Finding("error", "oracle record", f"no measured record {p}",
-                                       f"run python bench/drafter_oracle.py {release}")])
+                                       f"run python bench/drafter_oracle.py {release}"
+                                       + (f" --set {which}" if which else ""))])
     return json.loads(p.read_text())
 
 
-def make_record(release: str, vs: list[Variant], measured: dict[str, dict], seconds: float) -> dict:
+def make_record(release: str, vs: list[Variant], measured: dict[str, dict], seconds: float,
+                which: str | None = None, every: set[str] | None = None) -> dict:
+    """The record of measured rows; ``every``: the names of the whole variant set (complete when all are in)."""
     rows = {}
     for v in vs:
         if v.name not in measured:
@@ -245,13 +250,17 @@ def make_record(release: str, vs: list[Variant], measured: dict[str, dict], seco
         rows[v.name] = {"fingerprint": v.fingerprint(), "verdict": verdict(r), "rate0": rate(r),
                         "drafts": r.get("drafts"), "accepted_per_pos": r.get("per_pos"),
                         "error": r.get("error", "")[:300] or None}
-    return {"engine": realengine.ENGINE, "release": release, "runner": RUNNER,
+    rec = {"engine": realengine.ENGINE, "release": release, "runner": RUNNER,
             "runner_note": "the CPU build's V1 model runner (0.16.0: its GPU runner's EAGLE code enabled on the "
                            "CPU by oracle_run.enable_016; 0.32.0: as shipped)",
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "cpus": os.cpu_count(),
             "k": K, "prompts": len(PROMPTS), "max_tokens": MAX_TOKENS, "seconds": round(seconds, 1),
-            "thresholds": {"holds": HOLDS, "collapses": COLLAPSES}, "complete": len(rows) == len(variants()),
+            "thresholds": {"holds": HOLDS, "collapses": COLLAPSES},
+            "complete": set(rows) == (every if every is not None else {v.name for v in variants()}),
             "variants": rows}
+    if which:
+        rec["set"] = which
+    return rec
 
 
 def sample(names: list[str], release: str, n: int, day: int | None = None) -> list[str]:

@@ -263,7 +263,18 @@ TAPS_EDITS = {
     "vocab-undeclared": _cfg(draft_vocab_size=None),
     "aux-off": _ec(use_aux_hidden_state=False),
 }
+def _model_prefix(v: Variant, taps):
+    """NeMo Automodel's layout: the draft module's tensors under model. (lm_head, d2t, t2d at the top)."""
+    for old in ("layers.0.", "fc.", "norm.", "embed_tokens."):
+        v.edits.append(["rename", old, "model." + old])
+    v.defect = ("tensor names",)
+
+
 EXTRA = {
+    "A": {"model-prefix": _model_prefix,
+          "arch-automodel": _both(_cfg(architectures=["LlamaEagle3DraftModel"]), defect=("architectures",)),
+          "model-type-deepseek_v3": _both(_cfg(model_type="deepseek_v3"), defect=("model_type",)),
+          "layers-from-target": _both(_cfg(num_hidden_layers=LAYERS), defect=("num_hidden_layers",))},
     "N": {"nbf-nested": _both(_cfg(norm_before_fc=None), _ec(norm_before_fc=True)),
           "nbf-missing": _cfg(norm_before_fc=None),
           "nbf-both": _ec(norm_before_fc=True),
@@ -356,3 +367,57 @@ def write_sparse_pair(v: Variant, root: Path) -> tuple[Path, Path]:
         data["t2d"] = bytes(v.t2d)
     write_sparse(d / "model.safetensors", tensor_specs(v), data)
     return t, d
+
+
+# --- what the files or the CPU oracle cannot show ----------------------------------------------------------------
+# Edit families where the doctor and the measured engine may differ for a stated reason: the defect lies outside
+# what a checkpoint's files say (configs, tensor names and shapes, d2t's ids), or the oracle's construction or CPU
+# build cannot show it. A difference of these families is recorded as an exclusion with both sides
+# (bench/drafter_oracle_exclusions.py); convert is not held to full acceptance on them (it reads the same files).
+INVISIBLE = {
+    "config-misstates-taps": "the config names taps the head was not trained on (no ids, ids shifted, SGLang "
+    "numbers under the vLLM key or the reverse) and nothing else in the checkpoint records the trained taps: the "
+    "doctor reads each key in its documented numbering",
+    "values-not-read": "the defect is in tensor values (a permuted d2t, an untrained lm_head) that the doctor, "
+    "reading headers and the d2t/t2d ids only, cannot see; a d2t out of ascending order is warned about",
+    "head-trained-own-shared-target": "the head was trained with its own lm_head and exported without it; vLLM "
+    "then shares the target's lm_head, which is right for heads trained against the frozen target head (they "
+    "ship none, e.g. TorchSpec's Kimi-K2.5 drafter): the files do not say which",
+    "switch-weights-lost": "the config says the head was trained with a norm (norm_before_fc) whose weights the "
+    "checkpoint lacks; a head never trained with it writes the same files (a spurious switch, which drafts as "
+    "exported where the release does not read it): the doctor warns",
+    "aux-switch-contradicts-fc": "use_aux_hidden_state is false but the checkpoint carries an fc over three aux "
+    "states: a head trained with them and switched off (acceptance collapses) and a head trained without them that "
+    "ships a stray fc (the release skips it and the head drafts) write the same files; the doctor takes the fc as "
+    "trained",
+    "construction-equal-scales": "the oracle's aux states all have one scale, so per-aux norms (fc_norm) left at "
+    "their initial ones after a trained whole-vector norm (norm_before_fc) change nothing; real aux states differ "
+    "in scale, and the head runs with norms it was not trained with",
+    "uninitialised-zeros-on-cpu": "the config builds more decoder layers than the checkpoint holds; the engine "
+    "leaves the extra ones uninitialised (torch.empty), which on the CPU build are fresh zero pages, so they add "
+    "nothing to the residual stream and the head drafts; on a GPU they hold whatever earlier allocations left",
+    "construction-q-k": "the oracle's heads carry their signal through the value path (any attention pattern gives "
+    "the same value), so a missing query/key projection or its norm does not lower their acceptance; a real head "
+    "loses its attention pattern",
+}
+_FAMILY = {
+    **{e: "config-misstates-taps" for e in ("aux-none", "aux-top-plus-one", "aux-top-sglang-numbers",
+                                            "aux-nested-vllm-numbers", "aux-same-numbers", "aux-v2-layer-ids-key",
+                                            "ids-written")},
+    "d2t-reversed": "values-not-read", "random-lm_head": "values-not-read",
+    "drop-lm_head-and-vocab": "head-trained-own-shared-target",
+    "drop-input_norm": "switch-weights-lost",
+    "fc-kept": "aux-switch-contradicts-fc",
+    "layers-from-target": "uninitialised-zeros-on-cpu",
+    **{e: "construction-q-k" for e in ("drop-q_proj", "drop-q_a_proj", "drop-q_a_layernorm")},
+}
+
+
+def family(name: str) -> str | None:
+    """The INVISIBLE family of a variant's edit (None: its defect shows in the files)."""
+    head, edit = name.split("-", 1)
+    if head == "V" and edit == "drop-lm_head":  # a full-vocabulary head: vLLM shares the target's in its place
+        return "head-trained-own-shared-target"
+    if head == "N" and edit == "fcn-spurious":  # per-aux norms after the trained whole-vector one
+        return "construction-equal-scales"
+    return _FAMILY.get(edit)

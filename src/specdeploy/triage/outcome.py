@@ -24,13 +24,21 @@ from specdeploy.triage.signatures import HIGH, MEDIUM, hint, signature, timeout_
 SIGNALS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
            11: "SIGSEGV", 15: "SIGTERM"}
 ENGINE_PROC = re.compile(r"\((?:python[\d.]*|pt_main_thread|[Vv][Ll][Ll][Mm][^)]*|sglang[^)]*|ray::[^)]*)\)")
-LOADING = re.compile(r"(?i)Loading (?:weights|safetensors|model|checkpoint)|Starting to load model|Load weight begin|"
-                     r"Loading model weights|Memory profiling|Capturing (?:CUDA )?graph|Compiling a graph|"
-                     r"torch\.compile|"
-                     r"Downloading|Fetching \d+ files|Initializing a V\d LLM engine|Init torch distributed|"
-                     r"Started specdeploy|Starting .*vLLM|Loading drafter")
-READY = re.compile(r"Application startup complete|Uvicorn running on|The server is fired up and ready|"
-                   r"Starting vLLM API server on|ready to serve")
+# A load under way, and an engine that serves: what any engine's log shows (the Hugging Face hub, torch, uvicorn,
+# specdeploy's own unit), and each engine's own lines from its adapter (LoadLog.starting and .serving).
+_LOADING_ANY = (r"Loading (?:weights|safetensors|model|checkpoint)|torch\.compile|Downloading|Fetching \d+ files|"
+                r"Started specdeploy|Loading drafter")
+_READY_ANY = r"Application startup complete|Uvicorn running on|ready to serve"
+
+
+def _with_engines(generic: str, field: str, flags: int = 0):
+    from specdeploy.engines import adapters
+    own = [getattr(a.load_log, field) for a in adapters() if getattr(a.load_log, field)]
+    return re.compile("|".join([generic, *own]), flags)
+
+
+LOADING = _with_engines(_LOADING_ANY, "starting", re.IGNORECASE)
+READY = _with_engines(_READY_ANY, "serving")
 START_TIMEOUT = ("It was stopped while the model was still loading: if no one stopped it, the orchestrator's start "
                  "timeout did (systemd TimeoutStartSec = specdeploy_start_timeout, a Kubernetes startupProbe, a "
                  "platform's load timeout); give the load more time.")

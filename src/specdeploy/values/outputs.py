@@ -1,9 +1,9 @@
 """The one rule for what a command writes on the controller, which runs as root.
 
 - A path the tool may never write: the filesystem root, a system directory or anything inside one
-  (:data:`SYSTEM_DIRS`, ``/var/tmp`` excepted), the home directory itself, ``/home`` and each entry of it (a
-  user's home), and the working directory itself (``--out .`` or ``--out ''``). Checked on the path as given
-  and on the path with its links resolved.
+  (:data:`SYSTEM_DIRS`, ``/var/tmp`` and specdeploy's own state directory excepted), the home directory itself,
+  ``/home`` and each entry of it (a user's home), and the working directory itself (``--out .`` or
+  ``--out ''``). Checked on the path as given and on the path with its links resolved.
 - A file the tool did not write is never written into or replaced: an existing output is replaced only when it
   carries the command's mark (each format its own: a JSON key, a PNG text chunk, a comment line), recognised by
   the ``recognise`` function the command passes; a link, a directory, a FIFO, a socket or a device is refused.
@@ -26,11 +26,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from specdeploy.values.errors import Finding, SpecdeployError
+from specdeploy.values.hostpaths import STATE_DIR
 from specdeploy.values.terminal import safe
 
 SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
                "/snap", "/sys", "/usr", "/var")
-SYSTEM_EXCEPT = ("/var/tmp",)
+# /var/tmp, and specdeploy's own state directory on a host (a drafter conversion there is `drafter convert --out`)
+SYSTEM_EXCEPT = ("/var/tmp", STATE_DIR)
 HOMES = "/home"  # refused, and so is each of its entries (someone's home directory)
 JSON_MARK = "specdeploy_output"  # the key a JSON output carries: the command that wrote it
 PNG_MARK = "specdeploy"          # the PNG text chunk's keyword: the command that wrote it

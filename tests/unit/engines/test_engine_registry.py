@@ -200,3 +200,21 @@ def test_unknown_engine_is_a_clean_error_everywhere():
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 2 and "unknown engine 'toyserve'" in r.output and "Fix: use vllm or sglang" in r.output
         assert "Traceback" not in r.output
+
+
+def test_the_registry_refuses_a_second_engine_under_a_taken_name_and_lists_the_engines_on_an_unknown_one(toyserve):
+    import pytest
+
+    from specdeploy import engines
+    from specdeploy.engines import UnsupportedVersion
+
+    class Impostor(engines_fake.ToyServe):
+        pass
+    with pytest.raises(ValueError) as e:
+        engines.register(Impostor)
+    assert "'toyserve' is registered already" in str(e.value) and "vllm" in str(e.value)
+    assert engines.get("toyserve") is engines_fake.ToyServe  # the first one stays
+    engines.register(engines_fake.ToyServe)  # the same class again changes nothing
+    with pytest.raises(UnsupportedVersion) as e:
+        engines.get("vlm")
+    assert "supported: vllm, sglang, toyserve" in str(e.value)

@@ -136,7 +136,7 @@ def test_a_group_that_contains_itself_is_refused(example_inv, reader, shape, gro
 
 @pytest.mark.parametrize("reader", READERS)
 def test_a_file_that_is_not_utf8_is_refused(example_inv, reader):
-    hv = example_inv / "host_vars" / "gpu-b.yml"
+    hv = example_inv / "host_vars" / "gpu-b" / "specdeploy_nccl.yml"
     hv.write_bytes(hv.read_bytes() + b"note: caf\xe9\n")
     line = hv.read_bytes().count(b"\n")
     refused(plan(example_inv, reader), f"{hv}:{line}", "not UTF-8", "0xe9")

@@ -85,7 +85,7 @@ def test_readme_inventory_of_the_model_e2e_reads_the_same(repo, tmp_path):
     gv = inv / "group_vars/specdeploy_engines.yml"
     gv.write_text(yaml.safe_dump({**yaml.safe_load(gv.read_text()), "specdeploy_runtime": "venv",
                                   "specdeploy_engine_env": {"A": "2"}}))
-    hv = inv / "host_vars/gpu-b.yml"
+    hv = inv / "host_vars/gpu-b/specdeploy_nccl.yml"
     hv.write_text(yaml.safe_dump({**yaml.safe_load(hv.read_text()), "specdeploy_model_source": "controller"}))
     assert_same(inv)
 

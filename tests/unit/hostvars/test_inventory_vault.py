@@ -55,7 +55,7 @@ def vault_cli(*args: str) -> str:
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory):
     """{plain, inline, file}: copies of inventory/example; inline vaults the served model name and the drafter path
-    in group_vars with encrypt_string, file encrypts host_vars/gpu-b.yml whole."""
+    in group_vars with encrypt_string, file encrypts host_vars/gpu-b/specdeploy_nccl.yml whole."""
     base = tmp_path_factory.mktemp("vault")
     pw = base / "pw"
     pw.write_text(PASSWORD + "\n")
@@ -70,8 +70,8 @@ def trees(tmp_path_factory):
                                             name))
     gv.write_text(text)
     inv = out["file"] = copy_example(base / "file")
-    vault_cli("encrypt", "--vault-password-file", str(pw), str(inv / "host_vars/gpu-b.yml"))
-    assert (inv / "host_vars/gpu-b.yml").read_text().startswith("$ANSIBLE_VAULT")
+    vault_cli("encrypt", "--vault-password-file", str(pw), str(inv / "host_vars/gpu-b/specdeploy_nccl.yml"))
+    assert (inv / "host_vars/gpu-b/specdeploy_nccl.yml").read_text().startswith("$ANSIBLE_VAULT")
     return out
 
 
@@ -147,7 +147,7 @@ def test_secrets_from_the_environment_and_ansible_cfg(trees, tmp_path):
 
 
 @pytest.mark.parametrize("kind,where", [("inline", "group_vars/specdeploy_engines.yml:"),
-                                        ("file", "host_vars/gpu-b.yml")])
+                                        ("file", "host_vars/gpu-b/specdeploy_nccl.yml")])
 def test_a_missing_or_wrong_vault_secret_is_a_finding(trees, tmp_path, kind, where):
     inv = trees[kind]
     wrong = tmp_path / "wrong"

@@ -263,11 +263,15 @@ def test_property_hostile_printable_values_verify_and_round_trip(v, runtime_, tm
     if "${CREDENTIALS_DIRECTORY}" in v:  # the one variable systemd expands for us on purpose
         return
     path = "/" + v.replace(":", "_")
-    hv = validate_host("h", {**BASE, "specdeploy_runtime": runtime_, "specdeploy_served_model_name": v,
-                             "specdeploy_bind_address": v, "specdeploy_model_path": path,
-                             "specdeploy_venv_path": path, "specdeploy_image": v,
-                             "specdeploy_engine_env": {"HOSTILE": v},
-                             "specdeploy_engine_extra_args": ["--max-num-seqs", v]})
+    variables = {**BASE, "specdeploy_runtime": runtime_, "specdeploy_served_model_name": v,
+                 "specdeploy_bind_address": v, "specdeploy_model_path": path, "specdeploy_venv_path": path,
+                 "specdeploy_image": v, "specdeploy_engine_env": {"HOSTILE": v},
+                 "specdeploy_engine_extra_args": ["--max-num-seqs", v]}
+    if v == "--":  # a bare -- in the extra args would end the engine's options: refused, naming it
+        with pytest.raises(SpecdeployError, match="a bare -- ends the engine's options"):
+            validate_host("h", variables)
+        return
+    hv = validate_host("h", variables)
     p = render_host("h", hv)
     _, cmd = engine_command(hv)
     want = runtime.exec_argv(hv, cmd.argv, runtime.engine_image(hv), bool(cmd.secret_env))

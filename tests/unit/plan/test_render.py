@@ -86,3 +86,34 @@ def test_ansible_filter_renders_same_files_as_plan(repo):
     assert via_ansible["release"] == plans[0][2].release_id()
     assert via_ansible["files"] == plans[0][2].files
     assert via_ansible["argv"] == plans[0][2].argv
+
+
+def test_a_verdict_is_never_written_where_it_would_hide_the_hosts_vars_file(example_inv):
+    """Ansible reads host_vars/<host>/ and ignores host_vars/<host>.yml beside it without a word: the gate's and
+    the NCCL choice's files are refused there (preflight says so before the gate measures), and the inventory
+    check refuses the mixed layout."""
+    import shutil
+
+    import pytest
+
+    from specdeploy.checks.preflight import preflight
+    from specdeploy.plan.render.paths import gate_vars_file, host_vars_file
+    hv = example_inv / "host_vars"
+    assert gate_vars_file(str(example_inv), "gpu-b") == f"{example_inv}/host_vars/gpu-b/specdeploy_gate.yml"
+    # the host's variables as one file, as many inventories keep them
+    shutil.move(hv / "gpu-b" / "specdeploy_nccl.yml", hv / "gpu-b.yml")
+    (hv / "gpu-b").rmdir()
+    for write in (lambda: gate_vars_file(str(example_inv), "gpu-b"),
+                  lambda: host_vars_file(str(example_inv), "gpu-b", "specdeploy_nccl.yml")):
+        with pytest.raises(ValueError, match="would make Ansible ignore that file"):
+            write()
+    assert gate_vars_file(str(example_inv), "gpu-b", writing=False).endswith("gpu-b/specdeploy_gate.yml")
+    rep = preflight(str(example_inv))
+    err = [f for f in rep["gpu-b"].findings if f.subject == "specdeploy_spec_gate"]
+    assert err and err[0].severity == "error" and "move the file into host_vars/gpu-b/" in err[0].fix
+    assert not [f for f in rep["gpu-a"].findings if f.subject == "specdeploy_spec_gate"]  # gpu-a has no such file
+    (hv / "gpu-b").mkdir()
+    (hv / "gpu-b" / "specdeploy_gate.yml").write_text("---\nspecdeploy_spec_num_tokens: 2\n")
+    from specdeploy.values.errors import SpecdeployError
+    with pytest.raises(SpecdeployError, match="ignores gpu-b.yml beside it"):
+        preflight(str(example_inv))

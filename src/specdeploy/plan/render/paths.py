@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from specdeploy.hostvars.schema import HostVars
 from specdeploy.values import hostpaths
+from specdeploy.hostvars.varsfile import gate_vars_file, host_vars_file  # noqa: F401 (re-exported)
 from specdeploy.values.hostpaths import CONFIG_DIR, SERVICE_USER, STATE_DIR  # noqa: F401 (re-exported)
 
 CRED_TOKEN = "${CREDENTIALS_DIRECTORY}"
@@ -36,17 +37,3 @@ def converted_drafter_path(hv: HostVars) -> str | None:
     if not hv.uses_drafter:
         return None
     return hostpaths.host_path("drafter_out", hv.specdeploy_engine)
-
-
-def host_vars_file(inventory_dir: str, host: str, name: str) -> str:
-    """A controller-side inventory file of specdeploy's in a host's host_vars directory (the gate's verdict, the
-    chosen NCCL environment); the host name and the file name must each be one path component."""
-    for what, part in (("host", host), ("file", name)):
-        if not part or part in (".", "..") or "/" in part or "\x00" in part:
-            raise ValueError(f"{what} {part!r} is not one path component")
-    return f"{inventory_dir}/host_vars/{host}/{name}"
-
-
-def gate_vars_file(inventory_dir: str, host: str) -> str:
-    """The controller-side inventory file where the gate writes a host's verdict as variables."""
-    return host_vars_file(inventory_dir, host, "specdeploy_gate.yml")

@@ -68,7 +68,7 @@ def exec_argv(hv: HostVars, argv: list[str], image: str | None, secret_env: bool
         if hv.specdeploy_sandbox and hv.specdeploy_sandbox_engine == "simulator":
             # The sandbox has no GPUs: the engine simulator takes the same command line.
             return [f"{hv.specdeploy_venv_path}/bin/specdeploy", "simulate", "--engine", engine,
-                    "--version", hv.specdeploy_engine_version, "--"] + argv
+                    "--engine-version", hv.specdeploy_engine_version, "--"] + argv
         if argv[0] == "python":
             return [f"{hv.engine_venv}/bin/python"] + argv[1:]
         return [f"{hv.engine_venv}/bin/{argv[0]}"] + argv[1:]
