@@ -305,8 +305,9 @@ class HostVars(BaseModel):
         10, ge=0, le=100, description="The failure budget of a rolling batch (Ansible's `max_fail_percentage`): "
         "when more than this share of a batch's hosts fails, the deploy stops before the next batch, so the "
         "hosts of later batches keep serving their release; a failed host rolls back to its previous release "
-        "either way. Applies when the deploy rolls (`specdeploy_serial` or `specdeploy_rolling_from_hosts`); a "
-        "deploy of everything at once stops only at the failed hosts. Fleet-wide (group_vars).")
+        "either way. Applies when the deploy rolls (`specdeploy_serial` set, or a fleet of at least "
+        "`specdeploy_rolling_from_hosts` hosts); a deploy of everything at once stops only at the failed hosts. "
+        "Fleet-wide (group_vars).")
     specdeploy_forks: int | None = Field(
         None, ge=1, le=1000, description="How many hosts Ansible works on at once (`--forks`), as `specdeploy "
         "deploy|rollback|verify` run the playbooks. Default: the largest batch, at least 10 and at most 100 "
