@@ -283,20 +283,48 @@ def preflight(inventory: str, limit: str | None = None, extra: dict | None = Non
         raise SpecdeployError([Finding("error", "--limit", f"no engine hosts in {path} match '{limit}'",
                                        "give an engine host or group")])
     out = {}
+    same: dict[str, tuple[str, Report]] = {}  # hosts with the same specdeploy_* values get the same checks
     for name in names:
         variables = all_vars[name]
         if isinstance(variables, SpecdeployError):
             rep = Report()
             rep.extend(variables.problems)
             out[name] = rep
-        else:
-            out[name] = preflight_host(name, variables, path, probe_python)
+            continue
+        key = shared_key(name, variables)
+        if key is not None and key in same:
+            first, rep = same[key]
+            out[name] = Report([replace(f, host=name if f.host == first else f.host) for f in rep.findings])
+            continue
+        out[name] = rep = preflight_host(name, variables, path, probe_python)
+        if key is not None and not any(name in f"{f.subject} {f.message} {f.fix}" for f in rep.findings):
+            same[key] = (name, Report([replace(f) for f in rep.findings]))
     # what plan and deploy refuse for the inventory as a whole, from the same code: the serving groups' checks,
     # the router's; and what reading the inventory found worth a warning
     for f in group_findings(inv, path, all_vars, names) + list(getattr(inv, "specdeploy_warnings", [])):
         target = f.host if f.host in out else names[0]
         out[target].findings.append(replace(f, host=target))
     return out
+
+
+def grouped(reports: dict[str, Report]) -> list[tuple[list[str], bool, int, list[str]]]:
+    """Hosts whose findings read the same, listed once: (hosts, ok, errors, finding lines without the host), in
+    the order of each group's first host. A fleet's preflight is one block per distinct set of findings."""
+    same: dict[tuple, list[str]] = {}
+    for host, r in reports.items():
+        lines = tuple(replace(f, host=None).line() for f in r.findings)
+        same.setdefault((r.ok, len(r.errors), lines), []).append(host)
+    return [(names, ok, errors, list(lines)) for (ok, errors, lines), names in same.items()]
+
+
+def shared_key(host: str, variables: dict) -> str | None:
+    """What a host's preflight depends on beyond its name: its ``specdeploy_*`` values (the controller files they
+    name are read the same for every host). None when its address is one validate_host refuses (checked per
+    host) or the values do not serialise."""
+    from specdeploy.hostvars.schema import PREFIX, content_key, address_problems
+    if address_problems(host, variables):
+        return None
+    return content_key({k: v for k, v in variables.items() if k.startswith(PREFIX)})
 
 
 def group_findings(inv, path: Path, all_vars: dict, names: list[str]) -> list[Finding]:

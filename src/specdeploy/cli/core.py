@@ -60,23 +60,32 @@ def plan_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
+
+    from specdeploy.values.hostranges import compact
     out = Console()
+    # hosts whose plan reads the same (a fleet's hosts mostly do) share one table, titled with their names
+    same: dict[tuple, list[tuple[str, str]]] = {}
     for host, addr, p in plans:
-        t = Table(title=Text(safe(f"{host} ({addr})")), show_header=False)
-        for k, v in [("engine", f"{p.engine} {p.version}"), ("runtime", p.runtime), ("image", p.image or "-"),
-                     ("serving group", _rank_text(p.rank)),
-                     ("tensor parallel", str(p.tp)), ("speculation", "on" if p.spec else "off"),
-                     ("drafter (converted)", p.drafter_path or "-"), ("NCCL", p.nccl_source),
-                     ("NCCL env", " ".join(f"{k}={v}" for k, v in p.env.items() if k.startswith("NCCL_")) or "-"),
-                     ("ports", ", ".join(f"{k} {v}" for k, v in p.ports.items())),
-                     ("units", ", ".join(u for u in (p.engine_unit, p.exporter_unit) if u)),
-                     ("weight cache", _weight_cache_text(p)), ("compile cache", p.compile_cache or "-")]:
+        rows = ((("engine", f"{p.engine} {p.version}"), ("runtime", p.runtime), ("image", p.image or "-"),
+                 ("serving group", _rank_text(p.rank)),
+                 ("tensor parallel", str(p.tp)), ("speculation", "on" if p.spec else "off"),
+                 ("drafter (converted)", p.drafter_path or "-"), ("NCCL", p.nccl_source),
+                 ("NCCL env", " ".join(f"{k}={v}" for k, v in p.env.items() if k.startswith("NCCL_")) or "-"),
+                 ("ports", ", ".join(f"{k} {v}" for k, v in p.ports.items())),
+                 ("units", ", ".join(u for u in (p.engine_unit, p.exporter_unit) if u)),
+                 ("weight cache", _weight_cache_text(p)), ("compile cache", p.compile_cache or "-")),
+                " ".join(p.argv), " ".join(p.weight_cache["argv"]) if p.weight_cache else "")
+        same.setdefault(rows, []).append((host, addr))
+    for (rows, argv, daemon_argv), hosts in same.items():
+        title = (f"{hosts[0][0]} ({hosts[0][1]})" if len(hosts) == 1
+                 else f"{len(hosts)} hosts: {compact([h for h, _ in hosts])}")
+        t = Table(title=Text(safe(title)), show_header=False)
+        for k, v in rows:
             t.add_row(k, Text(safe(v)))
         out.print(t)
-        out.print("command: " + safe(" ".join(p.argv)), soft_wrap=True, markup=False, highlight=False)
-        if p.weight_cache:
-            out.print("weight-cache daemon: " + safe(" ".join(p.weight_cache["argv"])), soft_wrap=True, markup=False,
-                      highlight=False)
+        out.print("command: " + safe(argv), soft_wrap=True, markup=False, highlight=False)
+        if daemon_argv:
+            out.print("weight-cache daemon: " + safe(daemon_argv), soft_wrap=True, markup=False, highlight=False)
     if out_dir is not None:
         out.print(f"wrote files under {safe(out_dir)}", markup=False, highlight=False)
 
@@ -93,7 +102,7 @@ def _weight_cache_text(p) -> str:
 
 
 def _rank_text(rank: dict | None) -> str:
-    if rank is None:
+    if rank is None or len(rank.get("hosts") or []) <= 1 and rank.get("layout") == "single":
         return "single (a host of its own)"
     if rank["layout"] == "pd":
         return f"{rank['group']}: pd {rank['role']}"

@@ -59,6 +59,43 @@ def _rows_table(run, title: str) -> Table:
     return t
 
 
+def _fleet_view(run, title: str):
+    """The live view of a fleet (ops/fleetview): hosts per phase and result, failures grouped by triaged root
+    cause, the slowest hosts; about 25 lines whatever the fleet's size."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from specdeploy.ops.fleetview import deploy_summary
+    from specdeploy.ops.progress import fmt_s
+    s = deploy_summary(run.rows.values())
+    head = Text(safe(f"{title}: {s['hosts']} hosts, {fmt_s(time.time() - run.started)}, {s['changed']} changes"),
+                style="bold")
+    phases = "  ".join(f"[{PHASE_STYLE.get(p, 'white')}]{_esc(p)}[/] {n}" for p, n in s["phases"]) or "-"
+    styles = {"ok": "green", "failed": "bold red", "unreachable": "bold red", "not run": "yellow"}
+    results = "  ".join(f"[{styles.get(k, 'white')}]{_esc(k)}[/] {n}" for k, n in s["results"]) or "-"
+    parts = [head, Text.from_markup(f"working: {phases}"), Text.from_markup(f"done:    {results}")]
+    f = s["failures"]
+    if f["groups"]:
+        t = Table(title=f"failures: {f['hosts']} host(s)", expand=False, title_justify="left")
+        for c in ("root cause", "hosts", "fix"):
+            t.add_column(c, overflow="fold")
+        for g in f["groups"]:
+            t.add_row(_esc(g["cause"][:200]), _esc(f"{g['hosts']}: {g['names']}"), _esc(g["fix"][:160] or "-"))
+        if f["more_causes"]:
+            t.add_row(f"... and {f['more_causes']} other root causes (events log)", "", "")
+        parts.append(t)
+    if s["slowest"]:
+        t = Table(title="slowest", expand=False, title_justify="left")
+        for c in ("host", "phase", "in phase", "progress"):
+            t.add_column(c)
+        for r in s["slowest"]:
+            t.add_row(_esc(r["host"]), f"[{PHASE_STYLE.get(r['phase'], 'white')}]{_esc(r['phase'])}[/]",
+                      fmt_s(r["in_phase_s"]), _esc((r["progress"] or "")[:60]))
+        parts.append(t)
+    return Group(*parts)
+
+
 def _triage_panel(row) -> Panel:
     from rich.panel import Panel
     escape = _esc
@@ -107,12 +144,14 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
             reports = preflight(inventory, limit, extra, secrets)
         except SpecdeployError as exc:
             fail(exc)
-        for host, r in reports.items():
-            out.print(f"preflight {safe(host)}: " + ("OK" if r.ok else f"{len(r.errors)} error(s)"), markup=False,
+        from specdeploy.checks.preflight import grouped
+        from specdeploy.values.hostranges import compact
+        for names, ok_, errors, lines in grouped(reports):  # hosts with the same findings once, by name ranges
+            who = names[0] if len(names) == 1 else f"{compact(names)} ({len(names)} hosts)"
+            out.print(f"preflight {safe(who)}: " + ("OK" if ok_ else f"{errors} error(s)"), markup=False,
                       highlight=False)
-            for f in r.findings:
-                f.host = None
-                out.print("  " + f.line(), markup=False, highlight=False)
+            for line in lines:
+                out.print("  " + line, markup=False, highlight=False)
         if not all(r.ok for r in reports.values()):
             out.print("[red]preflight failed: nothing was changed on any host[/]")
             raise typer.Exit(1)
@@ -133,7 +172,7 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
             out.print(safe(msg), markup=False, highlight=False)
         if row.triage and host not in shown:
             shown.add(host)
-            if not live_tty:
+            if not live_tty and len(run.rows) <= ROWS_MAX:
                 out.print(_triage_panel(row))
 
     shown_extra, hidden = redact(extra, vaulted)
@@ -148,20 +187,26 @@ def _playbook(action: str, inventory: str, limit: Optional[str], extra_vars: Opt
     run.log(event="started", action=action, playbook=PLAYBOOKS[action], inventory=str(inventory), limit=limit,
             extra=shown_extra)
     title = f"specdeploy {action} - {inventory}"
+    from specdeploy.ops.fleetview import ROWS_MAX
 
     from rich.console import Group
     from rich.live import Live
 
     def view():
+        if len(run.rows) > ROWS_MAX:  # a fleet: one screen of counts, grouped failures and the slowest hosts
+            return _fleet_view(run, title)
         return Group(_rows_table(run, title), *[_triage_panel(r) for r in run.rows.values() if r.triage])
+    from specdeploy.ops.fleet import forks_for
+    forks = forks_for(inv, len(hosts))
     if live_tty:
         with Live(view(), console=out, refresh_per_second=2, get_renderable=view):
-            rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, runner_extra, secrets, vaulted_files)
+            rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, runner_extra, secrets, vaulted_files, forks)
     else:
-        rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, runner_extra, secrets, vaulted_files)
+        rc = run_playbook(run, PLAYBOOKS[action], inventory, limit, runner_extra, secrets, vaulted_files, forks)
         out.print(view())
     for r in run.rows.values():
-        if r.result in ("failed", "unreachable") and not r.triage and r.host not in shown:
+        if len(run.rows) <= ROWS_MAX and r.result in ("failed", "unreachable") and not r.triage \
+                and r.host not in shown:
             out.print(_triage_panel(r))
     ok = sum(r.result == "ok" for r in run.rows.values())
     out.print(f"{action}: {ok}/{len(run.rows)} hosts ok (ansible rc {rc}); events in {safe(events)}", markup=False,
@@ -207,6 +252,59 @@ def _status_table(st: dict) -> Table:
     return t
 
 
+def _rows_max() -> int:
+    from specdeploy.ops.fleetview import ROWS_MAX
+    return ROWS_MAX
+
+
+def _status_summary(st: dict):
+    """A fleet's status on one screen (ops/fleetview.status_summary): hosts per state, per release and per serving
+    group, what is wrong where, the fleet's figures; ``--all`` or ``--json`` for every host."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from specdeploy.ops.fleetview import status_summary
+    s = status_summary(st)
+    styles = {"up": "green", "unreachable": "bold red", "engine down": "red"}
+    head = Text.from_markup(f"[bold]fleet status[/] ({time.strftime('%H:%M:%S', time.localtime(st['time']))}, "
+                            f"prometheus: {_esc(st['prometheus'] or 'unreachable')}): {s['hosts']} hosts  "
+                            + "  ".join(f"[{styles.get(k, 'yellow')}]{_esc(k)}[/] {n}" for k, n in s["states"].items()))
+    parts = [head]
+    t = Table(title="serving, per release", expand=False, title_justify="left")
+    for c in ("engine", "release", "spec", "hosts"):
+        t.add_column(c, overflow="fold")
+    for r in s["releases"]:
+        t.add_row(_esc(f"{r['engine']} {r['version']}"), _esc(r["release"]),
+                  _esc(r["speculation"] + (f" k={r['spec_tokens']}" if r["speculation"] == "on" else "")),
+                  _esc(f"{r['hosts']}: {r['names']}"))
+    if s["more_releases"]:
+        t.add_row(f"... and {s['more_releases']} more releases", "", "", "")
+    parts.append(t)
+    if s["groups"]:
+        parts.append(Text(f"serving groups: {s['groups']}, {len(s['groups_broken']) + s['more_groups_broken']} "
+                          "not whole: " + (", ".join(safe(g["group"]) for g in s["groups_broken"]) or "none")))
+    if s["trouble"]:
+        t = Table(title="needs a look", expand=False, title_justify="left")
+        for c in ("what", "hosts"):
+            t.add_column(c, overflow="fold")
+        for r in s["trouble"]:
+            t.add_row(_esc(r["what"]), _esc(f"{r['hosts']}: {r['names']}"))
+        if s["more_trouble"]:
+            t.add_row(f"... and {s['more_trouble']} more (--all or --json)", "")
+        parts.append(t)
+    fig = s["figures"]
+    if fig:
+        bits = []
+        if "acceptance_length" in fig:
+            a = fig["acceptance_length"]
+            bits.append(f"acceptance length mean {a['mean']:.2f} (min {a['min']:.2f}, max {a['max']:.2f})")
+        if "tokens_per_s" in fig:
+            bits.append(f"output {fig['tokens_per_s']['sum']:.0f} tok/s in all")
+        parts.append(Text("; ".join(bits)))
+    return Group(*parts)
+
+
 for action, doc in (("deploy", "Provision, build, deploy (+gate) and verify through Ansible, one row per host."),
                     ("rollback", "Roll every host back to its previous release."),
                     ("verify", "Check every engine answers a real generation.")):
@@ -229,7 +327,13 @@ def status_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
                watch: bool = typer.Option(False, "--watch", help="redraw every --interval seconds"),
                interval: float = typer.Option(5.0, "--interval", help="seconds between redraws with --watch"),
                timeout: float = typer.Option(2.0, "--timeout", help="total deadline of each host's and query's "
-                                             "answer, seconds; all run at once"),
+                                             "answer, seconds"),
+               concurrency: int = typer.Option(128, "--concurrency", help="requests in flight at once"),
+               deadline: Optional[float] = typer.Option(None, "--deadline", help="seconds within which status "
+                                                        "answers for every host (default: enough for every "
+                                                        "request to use its --timeout)"),
+               every_host: bool = typer.Option(False, "--all", help="one row per host even for a fleet (more "
+                                               "than 24 hosts get a summary per state, group and release)"),
                vault_id: Optional[List[str]] = VaultIds,
                vault_password_file: Optional[List[str]] = VaultPasswordFiles):
     """The fleet: up, engine, release, speculation, gate verdict, acceptance, tokens/s, TTFT, restarts."""
@@ -239,27 +343,40 @@ def status_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
     try:
         finite(timeout, "--timeout", positive=True)
         finite(interval, "--interval", positive=True)
+        if deadline is not None:
+            finite(deadline, "--deadline", positive=True)
+        if concurrency < 1:
+            from specdeploy.values.errors import Finding
+            raise SpecdeployError([Finding("error", "--concurrency", f"{concurrency} is below 1",
+                                           "give a count of at least 1")])
         hosts, mon = targets(inventory, limit, vault=vault(vault_id, vault_password_file))
     except SpecdeployError as exc:
         fail(exc)
     proms = prometheus_urls(mon, prometheus)
     out = _console()
+
+    def ask():
+        return fleet_status(hosts, proms, timeout, concurrency, deadline)
+
+    def shown(st):
+        return _status_table(st) if every_host or len(st["hosts"]) <= _rows_max() else _status_summary(st)
     if watch and not as_json:
         from rich.live import Live
-        with Live(_status_table(fleet_status(hosts, proms, timeout)), console=out) as live:
+        with Live(shown(ask()), console=out) as live:
             try:
                 while True:
                     time.sleep(interval)
-                    live.update(_status_table(fleet_status(hosts, proms, timeout)))
+                    live.update(shown(ask()))
             except KeyboardInterrupt:
                 pass
         return
     while True:
-        st = fleet_status(hosts, proms, timeout)
+        st = ask()
         if as_json:
-            print(json.dumps(st), flush=True)
+            from specdeploy.ops.fleetview import status_summary
+            print(json.dumps({**st, "summary": status_summary(st)}), flush=True)
         else:
-            out.print(_status_table(st))
+            out.print(shown(st))
         if not watch:
             break
         time.sleep(interval)

@@ -48,11 +48,14 @@ def preflight_cmd(inventory: str = Inventory, limit: Optional[str] = Limit,
     if as_json:
         print(json.dumps({"ok": ok, "hosts": {h: r.to_dict() for h, r in reports.items()}}, indent=2))
     else:
-        for host, r in reports.items():
-            print(f"== {safe(host)}: {'OK' if r.ok else f'{len(r.errors)} error(s)'}")
-            for f in r.findings:
-                f.host = None
-                print("  " + f.line())
+        from specdeploy.checks.preflight import grouped
+        from specdeploy.values.hostranges import compact
+        # hosts with the same findings (a fleet's hosts mostly have them) are listed once, by name ranges
+        for names, ok_, errors, lines in grouped(reports):
+            who = safe(names[0]) if len(names) == 1 else f"{safe(compact(names))} ({len(names)} hosts)"
+            print(f"== {who}: {'OK' if ok_ else f'{errors} error(s)'}")
+            for line in lines:
+                print("  " + line)
         print(f"preflight {'passed' if ok else 'FAILED'} in {time.perf_counter() - t0:.1f} s")
     raise typer.Exit(0 if ok else 1)
 

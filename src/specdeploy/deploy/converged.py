@@ -63,7 +63,7 @@ def specdeploy_converged_args(variables, host, group_names, playbook_dir, hostva
         links = [hv.specdeploy_model_path] + ([hv.specdeploy_drafter_path] if hv.uses_drafter else [])
         from specdeploy.plan.render.paths import unit_name
         try:
-            rank = rank_of(host, ours(variables), hv, hostvars, hosts)
+            rank = rank_of(host, ours(variables), hv, hostvars, hosts, variables)
         except AnsibleFilterError as exc:
             return ["--reason", f"serving group does not resolve: {str(exc).strip().splitlines()[0]}"]
         engine = {"venv": hv.specdeploy_venv_path, "links": links, "exporter_port": hv.specdeploy_exporter_port,

@@ -122,6 +122,40 @@ def specdeploy_batch_problems(hostvars, hosts, batch):
     return [str(f) for f in batch_problems(list(batch), ranks)]
 
 
+def specdeploy_rollout(hostvars, hosts, order):
+    """Once per deploy on the controller (a run_once fact): how the deploy play moves ``order`` (its hosts, in
+    play order) through the fleet. ``serial``: ``specdeploy_serial`` as given, else rolling batches that keep
+    serving groups whole (a canary group, then ``specdeploy_rolling_batch_percent`` of the hosts per batch) from
+    ``specdeploy_rolling_from_hosts`` engine hosts on, else everything at once; ``max_fail_percentage``: the
+    failure budget of a rolling batch (100 when nothing rolls); ``problems``: lines for batches that would cut a
+    serving group. The settings are fleet-wide; they are read from the first host of ``order``, and hosts that
+    disagree are named."""
+    from specdeploy.topology import rolling_batches, serial_problems
+    members, ranks = all_ranks(hostvars, list(hosts))
+    order = [str(h) for h in order]
+    by_name = {m.name: m for m in members}
+    first = next((by_name[h] for h in order if h in by_name), None)
+    if first is None:
+        return {"serial": "100%", "max_fail_percentage": 100, "problems": [], "batches": [], "rolling": False}
+    hv = first.hv
+    keys = ("specdeploy_serial", "specdeploy_rolling_from_hosts", "specdeploy_rolling_batch_percent",
+            "specdeploy_max_fail_percentage")
+    mine = {k: getattr(hv, k) for k in keys}
+    problems = [f"{m.name}: {k} is {getattr(m.hv, k)!r}, the deploy's first host {first.name} has {mine[k]!r}: "
+                f"a fleet-wide setting, the deploy uses {first.name}'s (set it in group_vars)"
+                for m in members if m.name in set(order) for k in keys if getattr(m.hv, k) != mine[k]][:8]
+    if hv.specdeploy_serial not in (None, ""):
+        serial, rolling = hv.specdeploy_serial, str(hv.specdeploy_serial) != "100%"
+        problems += [str(f) for f in serial_problems(serial, order, ranks)]
+    elif len(members) >= hv.specdeploy_rolling_from_hosts:
+        serial, rolling = rolling_batches(order, ranks, hv.specdeploy_rolling_batch_percent), True
+    else:
+        serial, rolling = "100%", False
+    from specdeploy.topology.rollout import batch_sizes
+    return {"serial": serial, "max_fail_percentage": hv.specdeploy_max_fail_percentage if rolling else 100,
+            "problems": problems, "batches": batch_sizes(serial, len(order)) or [], "rolling": rolling}
+
+
 def specdeploy_targets(hostvars, hosts):
     """Scrape targets for the engine hosts, from their validated variables; the ranks of a serving group that
     serve no HTTP (its headless ranks) have no engine or exporter target."""

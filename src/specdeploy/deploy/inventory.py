@@ -44,18 +44,35 @@ def address(v: dict, host: str) -> str:
     return str(v.get("ansible_host", host))
 
 
-def rank_of(host, v, hv, hostvars, hosts):
+def rank_of(host, v, hv, hostvars, hosts, variables=None):
     """The host's rank in its serving group, resolved from the group's hosts (``hosts``: the engine group, in
-    inventory order) as ``specdeploy plan`` resolves it."""
+    inventory order) as ``specdeploy plan`` resolves it. ``variables`` (the host's Ansible variables): where they
+    hold the deploy's serving groups (``deploy_groups``, computed once per run), only the host's mates are read;
+    otherwise every engine host's group is (quadratic over a fleet when each host asks)."""
     from specdeploy.topology import Member, resolve
     members = []
-    for h in hosts if hostvars is not None and hosts is not None else [host]:
+    for h in _candidates(host, hv, hostvars, hosts, variables):
         if h == host:
             members.append(Member(host, address(v, host), hv))
         elif hv.specdeploy_group and plain(hostvars[h].get("specdeploy_group")) == hv.specdeploy_group:
             pv, phv = validated(hostvars[h], h)
             members.append(Member(h, address(pv, h), phv))
     return failing(lambda: resolve(members))[host]
+
+
+def _candidates(host, hv, hostvars, hosts, variables) -> list:
+    if hostvars is None or hosts is None or not hv.specdeploy_group:
+        return [host]
+    hosts = list(hosts)
+    try:
+        known = variables.get("deploy_groups") if variables is not None else None
+        mates = [str(m) for m in known[host]["mates"]] if known is not None and host in known else None
+    except (KeyError, TypeError, AttributeError):
+        mates = None
+    if not mates or host not in mates:
+        return hosts
+    where = {h: i for i, h in enumerate(hosts)}
+    return sorted((m for m in mates if m in where), key=where.__getitem__)
 
 
 def all_ranks(hostvars, hosts):

@@ -17,7 +17,8 @@ def specdeploy_plan(variables, host, overrides=None, hostvars=None, hosts=None):
     from specdeploy.plan import render_host
     v, hv = validated(variables, host, overrides)
     base = variables.get("inventory_dir") if hasattr(variables, "get") else None  # Ansible's, for a relative copy
-    return failing(lambda: render_host(host, hv, v.get("ansible_host", host), rank_of(host, v, hv, hostvars, hosts),
+    return failing(lambda: render_host(host, hv, v.get("ansible_host", host),
+                                       rank_of(host, v, hv, hostvars, hosts, variables),
                                        Path(str(base)) if base else None).to_dict())
 
 
@@ -116,7 +117,7 @@ def specdeploy_probe_job(variables, host, probe_dir, overrides=None, hostvars=No
     from specdeploy.checks.probe import host_job
     v, hv = validated(variables, host, overrides)
     job = host_job(hv, str(probe_dir), str(host), v.get("ansible_host", host),
-                   rank_of(host, v, hv, hostvars, hosts))
+                   rank_of(host, v, hv, hostvars, hosts, variables))
     # the script and the job are data for the host, never templates (Python may hold '{{' or '{%')
     return {**job, "script": wrap_var(job["script"]), "job": wrap_var(job["job"])}
 

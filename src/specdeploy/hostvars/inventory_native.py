@@ -63,15 +63,27 @@ class Group:
         self.children: list[Group] = []
         self.parents: list[Group] = []
         self.hosts: list[str] = []
+        self._ordered: list[str] | None = None
+        self._frozen = False
+        self._ancestors: set[str] | None = None
 
     def ancestors(self) -> set[str]:
-        return _reach(self, "parents")
+        if self._ancestors is not None:
+            return self._ancestors
+        got = _reach(self, "parents")
+        if self._frozen:
+            self._ancestors = got
+        return got
 
     def descendants(self) -> set[str]:
         return _reach(self, "children")
 
     def ordered_hosts(self) -> list[str]:
-        """Ansible's order: this group's hosts, then its children's, breadth first."""
+        """Ansible's order: this group's hosts, then its children's, breadth first. Memoised once the inventory is
+        reconciled (NativeInventory.freeze): a host's variables list every group's hosts, and recomputing them per
+        host made reading an inventory quadratic in its hosts."""
+        if self._ordered is not None:
+            return self._ordered
         order, seen, level = [self], {self.name}, [self]
         while level:
             nxt = []
@@ -83,8 +95,14 @@ class Group:
                         nxt.append(c)
             level = nxt
         out: list[str] = []
+        have: set[str] = set()
         for g in order:
-            out.extend(h for h in g.hosts if h not in out)
+            for h in g.hosts:
+                if h not in have:
+                    have.add(h)
+                    out.append(h)
+        if self._frozen:
+            self._ordered = out
         return out
 
 
@@ -227,16 +245,44 @@ class NativeInventory:
         for g in list(self.groups.values()):
             if g.name != "all" and not g.parents:
                 self._child("all", g.name)
+        direct: dict[str, set[str]] = {h: set() for h in self.hosts}
+        for g in self.groups.values():
+            for h in g.hosts:
+                direct.setdefault(h, set()).add(g.name)
         ungrouped = self.groups["ungrouped"]
+        drop: set[str] = set()
         for h in self.hosts:
-            mine = self.host_groups(h)
+            mine = self._with_ancestors(direct[h])
             if "ungrouped" in mine:
                 if mine - {"all", "ungrouped"}:
-                    ungrouped.hosts.remove(h)
+                    drop.add(h)
             elif mine <= {"all"}:
                 ungrouped.hosts.append(h)
+                direct[h].add("ungrouped")
+        if drop:
+            ungrouped.hosts = [h for h in ungrouped.hosts if h not in drop]
+            for h in drop:
+                direct[h].discard("ungrouped")
+        self.freeze(direct)
+
+    def freeze(self, direct: dict[str, set[str]]) -> None:
+        """The inventory is read: from here on every group's host order, ancestors and depth, and every host's
+        groups, are computed once (reading stays linear in the hosts)."""
+        for g in self.groups.values():
+            g._frozen = True
+        self._groups_of = {h: frozenset(self._with_ancestors(d)) for h, d in direct.items()}
+        self._depth: dict[str, int] = {}
+
+    def _with_ancestors(self, names: set[str]) -> set[str]:
+        out = set(names)
+        for n in names:
+            out |= self.groups[n].ancestors()
+        return out
 
     def host_groups(self, host: str) -> set[str]:
+        got = getattr(self, "_groups_of", None)
+        if got is not None and host in got:
+            return set(got[host])
         out: set[str] = set()
         for g in self.groups.values():
             if host in g.hosts:
@@ -245,7 +291,13 @@ class NativeInventory:
         return out
 
     def depth(self, g: Group) -> int:
-        return 0 if not g.parents else 1 + max(self.depth(p) for p in g.parents)
+        memo = getattr(self, "_depth", None)
+        if memo is not None and g.name in memo:
+            return memo[g.name]
+        d = 0 if not g.parents else 1 + max(self.depth(p) for p in g.parents)
+        if memo is not None:
+            memo[g.name] = d
+        return d
 
     # -- hosts and patterns ----------------------------------------------------------------------------------
     def get_hosts(self, pattern: str = "all") -> list[HostRef]:
@@ -285,9 +337,9 @@ class NativeInventory:
         out: dict[str, Any] = dict(self.groups["all"].vars)
         for g in ordered:
             out.update(g.vars)
-        out.update(_vars_files(base / "group_vars", "all"))
+        out.update(self._group_files(base, "all"))
         for g in ordered:
-            out.update(_vars_files(base / "group_vars", g.name))
+            out.update(self._group_files(base, g.name))
         out.update(self.hosts[host])
         short = host if IPV4.match(host) else host.split(".")[0]
         out.update(inventory_hostname=host, inventory_hostname_short=short,
@@ -295,9 +347,24 @@ class NativeInventory:
         if not host.startswith(os.sep):
             out.update(_vars_files(base / "host_vars", host))
         out.update(extra)
-        out.update(groups={n: g.ordered_hosts() for n, g in self.groups.items()},
-                   playbook_dir=os.path.abspath("."))
+        out.update(groups=self.all_groups(), playbook_dir=os.path.abspath("."))
         return out
+
+    def _group_files(self, base: Path, name: str) -> dict[str, Any]:
+        """group_vars/<name>, read once per inventory (every host of the group gets the same mapping's values)."""
+        cache = self.__dict__.setdefault("_group_file_cache", {})
+        key = (str(base), name)
+        if key not in cache:
+            cache[key] = _vars_files(base / "group_vars", name)
+        return cache[key]
+
+    def all_groups(self) -> dict[str, list[str]]:
+        """Every group's hosts in Ansible's order (the ``groups`` variable), computed once."""
+        got = self.__dict__.get("_all_groups")
+        if got is None:
+            got = {n: g.ordered_hosts() for n, g in self.groups.items()}
+            self._all_groups = got
+        return got
 
 
 # the variables specdeploy reads from an inventory, rendered as a play renders them before it uses them

@@ -7,8 +7,10 @@ when they drift.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import unicodedata
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -308,7 +310,28 @@ class HostVars(BaseModel):
         8998, ge=1, le=65535, description="With `specdeploy_topology: pd`: the KV-transfer side channel's port "
         "(SGLang's bootstrap port on prefill hosts, vLLM's NIXL side channel).")
     specdeploy_serial: SerialCount | SerialPercent | None = Field(
-        None, description="Ansible `serial` for deploy.yml (e.g. 1 for a rolling deploy); default all at once.")
+        None, description="Ansible `serial` for deploy.yml and rollback.yml (hosts per batch, e.g. 1 or `25%`); a "
+        "fleet-wide setting (group_vars), read from the deploy's first engine host. Default: rolling batches that "
+        "keep serving groups whole from `specdeploy_rolling_from_hosts` engine hosts on (one group first, then "
+        "`specdeploy_rolling_batch_percent` of the fleet per batch), all at once below that.")
+    specdeploy_rolling_from_hosts: int = Field(
+        16, ge=1, le=100000, description="From how many engine hosts a deploy without `specdeploy_serial` rolls in "
+        "batches (a canary serving group, then `specdeploy_rolling_batch_percent` per batch, each holding whole "
+        "groups); a smaller inventory deploys all at once. Fleet-wide (group_vars).")
+    specdeploy_rolling_batch_percent: int = Field(
+        10, ge=1, le=100, description="Share of the fleet's engine hosts in each rolling batch after the canary "
+        "group, rounded up to whole serving groups. Fleet-wide (group_vars).")
+    specdeploy_max_fail_percentage: int = Field(
+        10, ge=0, le=100, description="The failure budget of a rolling batch (Ansible's `max_fail_percentage`): "
+        "when more than this share of a batch's hosts fails, the deploy stops before the next batch, so the "
+        "hosts of later batches keep serving their release; a failed host rolls back to its previous release "
+        "either way. Applies when the deploy rolls (`specdeploy_serial` set, or a fleet of at least "
+        "`specdeploy_rolling_from_hosts` hosts); a deploy of everything at once stops only at the failed hosts. "
+        "Fleet-wide (group_vars).")
+    specdeploy_forks: int | None = Field(
+        None, ge=1, le=1000, description="How many hosts Ansible works on at once (`--forks`), as `specdeploy "
+        "deploy|rollback|verify` run the playbooks. Default: the largest batch, at least 10 and at most 100 "
+        "(`ansible.cfg` holds 25 for `ansible-playbook` run directly). Fleet-wide (group_vars).")
     specdeploy_port: int = Field(8000, ge=1, le=65535, description="Engine HTTP port.")
     specdeploy_bind_address: str = Field("0.0.0.0", description="Engine bind address.")
     specdeploy_api_key_file: str | None = Field(
@@ -506,9 +529,53 @@ def _type_fix(err: dict) -> str:
     return "correct the value"
 
 
+# Validated variables by their content: a fleet's hosts mostly share their group's variables, and each distinct set
+# is validated once per process (bounded; a set whose findings name the host it was validated for is not shared).
+_SEEN: dict[str, tuple[str, HostVars | None, list[Finding]]] = {}
+_SEEN_MAX = 4096
+
+
+def content_key(ours: dict[str, Any]) -> str | None:
+    try:
+        return json.dumps(ours, sort_keys=True, allow_nan=True, default=lambda o: f"<{type(o).__name__}>{o!r}")
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
 def validate_host(host: str, variables: dict[str, Any]) -> HostVars:
-    """Validate the ``specdeploy_*`` variables of one host. Raises SpecdeployError with one line per problem."""
+    """Validate the ``specdeploy_*`` variables of one host. Raises SpecdeployError with one line per problem.
+    Hosts with the same ``specdeploy_*`` values share one validation (its findings carry each host's name)."""
     ours = {k: v for k, v in variables.items() if k.startswith(PREFIX)}
+    key = content_key(ours)
+    seen = _SEEN.get(key) if key is not None else None
+    if seen is not None:
+        first, hv, found = seen
+        problems = [replace(f, host=host if f.host == first else f.host) for f in found]
+        problems.extend(address_problems(host, variables))
+        if problems:
+            raise SpecdeployError(problems)
+        return hv.model_copy()
+    try:
+        hv = _validate(host, ours)
+        found: list[Finding] = []
+    except SpecdeployError as exc:
+        hv, found = None, list(exc.problems)
+    if key is not None and not any(_names(f, host) for f in found):
+        if len(_SEEN) >= _SEEN_MAX:
+            _SEEN.clear()
+        _SEEN[key] = (host, hv, [replace(f) for f in found])  # copies: a caller may edit what it gets
+    problems = found + address_problems(host, variables)
+    if problems:
+        raise SpecdeployError(problems)
+    return hv.model_copy()
+
+
+def _names(f: Finding, host: str) -> bool:
+    """Whether a finding's text names the host (then it is not shared with hosts of other names)."""
+    return any(host in (part or "") for part in (f.subject, f.message, f.fix))
+
+
+def _validate(host: str, ours: dict[str, Any]) -> HostVars:
     problems: list[Finding] = []
     for key in list(ours):
         if key in RENAMED:
@@ -535,7 +602,6 @@ def validate_host(host: str, variables: dict[str, Any]) -> HostVars:
             problems.append(Finding("error", subject, msg, _type_fix(err), host))
         raise SpecdeployError(problems) from None
     problems.extend(semantic_problems(host, hv))
-    problems.extend(address_problems(host, variables))
     if problems:
         raise SpecdeployError(problems)
     return hv

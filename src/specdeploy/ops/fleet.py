@@ -52,6 +52,28 @@ def targets_of(inv) -> tuple[list[Target], list[str]]:
     return out, mon
 
 
+def forks_for(inv, limit_hosts: int | None = None) -> int:
+    """How many hosts Ansible works on at once for a run over ``inv`` (hostvars.inventory.Inventory):
+    ``specdeploy_forks`` where the inventory sets it, else the run's largest batch (as deploy.yml's rollout cuts
+    it: specdeploy_serial, or rolling batches from specdeploy_rolling_from_hosts hosts on), at least 10 and at
+    most 100. ``limit_hosts``: how many engine hosts the run touches (--limit)."""
+    from specdeploy.topology import batch_sizes, inventory_ranks, rolling_batches
+    hosts = inv.engine_hosts
+    if not hosts:
+        return 10
+    hv = hosts[0].hv
+    if hv.specdeploy_forks:
+        return int(hv.specdeploy_forks)
+    n = limit_hosts if limit_hosts is not None else len(hosts)
+    if hv.specdeploy_serial not in (None, ""):
+        sizes = batch_sizes(hv.specdeploy_serial, n) or [n]
+    elif len(inv.group_hosts or hosts) >= hv.specdeploy_rolling_from_hosts:
+        sizes = rolling_batches([h.name for h in hosts][:n], inventory_ranks(inv), hv.specdeploy_rolling_batch_percent)
+    else:
+        sizes = [n]
+    return max(10, min(100, max(sizes or [n])))
+
+
 def read_journal(t: Target, timeout: float = 8) -> list[tuple[float | None, str]] | None:
     try:
         r = subprocess.run(t.ssh + [f"journalctl -u {t.unit} -o short-unix --no-pager -n 3000"],

@@ -45,6 +45,7 @@ def secret_name(key: str) -> bool:
 
 
 KEEP_RUNS = 20  # run directories kept under .cache/runs (the newest ones)
+POLL_WORKERS = 16  # hosts whose load or copy progress is read at once (ssh), however many hosts load
 SCRUB_MIN = 4   # a secret value shorter than this is hidden where it is given, not searched for in other text
 
 
@@ -323,33 +324,39 @@ class Run:
             parts.append(f"{name.removeprefix('./staging-').removesuffix('.json')} {snap.get('line', '')}")
         return "; ".join(parts)
 
-    def poll_load(self, interval: float = 2.0):
+    def poll_load(self, interval: float = 2.0, workers: int = POLL_WORKERS):
         """While a host stages weights or loads them, show progress: bytes, rate and ETA of the copy; shards,
-        KV cache and CUDA graphs of the engine's load, read from its log."""
-        while not self.done.wait(interval):
-            for host, row in list(self.rows.items()):
-                if row.phase == "stage" and not row.result:
-                    text = self.poll_stage(host)
-                    if text and text != row.progress:
-                        row.progress = text
-                        self.log(event="stage_progress", host=host, phase="stage", progress=text)
-                        if self.on_change:
-                            self.on_change(self, host)
-                    continue
-                if row.phase != "load" or row.result:
-                    continue
-                lines = read_journal(self.targets[host])
-                if lines is None:
-                    continue
-                p = parse_load(lines, time.time(), self.targets[host].engine)
-                daemon = self.daemon_load(host)  # a full load of the weight-cache daemon this run started
-                p = daemon or p
-                text = p.text()
-                if text != row.progress:
-                    row.progress = text
-                    self.log(event="load_progress", host=host, phase="load", progress=asdict(p))
-                    if self.on_change:
-                        self.on_change(self, host)
+        KV cache and CUDA graphs of the engine's load, read from its log. At most ``workers`` hosts are read at
+        once (each read bounded by its own timeout): a fleet's rounds take longer, never more connections."""
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="progress") as pool:
+            while not self.done.wait(interval):
+                busy = [h for h, row in list(self.rows.items()) if row.phase in ("stage", "load") and not row.result]
+                list(pool.map(self.poll_host, busy))
+
+    def poll_host(self, host: str) -> None:
+        row = self.rows[host]
+        if row.phase == "stage" and not row.result:
+            text = self.poll_stage(host)
+            if text and text != row.progress:
+                row.progress = text
+                self.log(event="stage_progress", host=host, phase="stage", progress=text)
+                if self.on_change:
+                    self.on_change(self, host)
+            return
+        if row.phase != "load" or row.result:
+            return
+        lines = read_journal(self.targets[host])
+        if lines is None:
+            return
+        p = parse_load(lines, time.time(), self.targets[host].engine)
+        p = self.daemon_load(host) or p  # a full load of the weight-cache daemon this run started
+        text = p.text()
+        if text != row.progress:
+            row.progress = text
+            self.log(event="load_progress", host=host, phase="load", progress=asdict(p))
+            if self.on_change:
+                self.on_change(self, host)
 
     def daemon_load(self, host: str):
         """The weight-cache daemon's full load on ``host`` while it runs, when this run started it (its journal since
@@ -388,7 +395,7 @@ class Run:
 
 
 def run_playbook(run: Run, playbook: str, inventory: str, limit: str | None, extra: dict,
-                 vault=None, extra_files: list[str] | None = None) -> int:
+                 vault=None, extra_files: list[str] | None = None, forks: int | None = None) -> int:
     """ansible-playbook through ansible-runner; ``vault`` (inventory_ansible.Vault): the vault secrets given to
     specdeploy, passed on with those of ansible.cfg and the environment; ``extra_files``: vaulted ``-e @FILE``s,
     handed on as files (ansible-playbook decrypts them). ``extra`` goes as ``-e @FILE`` from a private temporary
@@ -415,6 +422,7 @@ def run_playbook(run: Run, playbook: str, inventory: str, limit: str | None, ext
             playbook=str(REPO / "ansible" / playbook), inventory=str(Path(inventory).resolve()), limit=limit,
             quiet=True, event_handler=run.event, envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
             project_dir=str(REPO), suppress_output_file=True, settings={"suppress_ansible_output": True},
+            **({"forks": int(forks)} if forks else {}),
             **({"cmdline": shlex.join(vault_args)} if vault_args else {}))
         thread.join()
     finally:

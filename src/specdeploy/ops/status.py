@@ -105,28 +105,47 @@ def prom_query(base: str, q: str, timeout: float = 3.0) -> dict[str, float]:
     return out
 
 
-def fleet_status(hosts: list[Target], prometheus: list[str], timeout: float = 2.0) -> dict:
-    """One row per host from its exporter, with serving figures from Prometheus. Every request runs at once with
-    its own ``timeout`` as a total deadline, so the whole call takes about ``timeout``, however peers behave. A
-    rank that joins a serving group's leader has no exporter: its row is its group's, read from the leader's, with
-    whether the leader sees it joined (``joined``, topology/links): a rank that went away is down, and so is its
-    group, though the leader's engine answers its health check until its next request fails."""
+CONCURRENCY = 128  # requests in flight at once (exporters and Prometheus queries)
+
+
+def fleet_status(hosts: list[Target], prometheus: list[str], timeout: float = 2.0,
+                 concurrency: int = CONCURRENCY, deadline: float | None = None) -> dict:
+    """One row per host from its exporter, with serving figures from Prometheus. At most ``concurrency`` requests
+    are in flight, each with its own ``timeout`` as a total deadline; the whole call answers for every host
+    within ``deadline`` (default: enough for the queue to drain when every peer uses its whole timeout, so a
+    small fleet takes about ``timeout``): a host still queued when it passes is reported as not asked, never
+    waited for. A rank that joins a serving group's leader has no exporter: its row is its group's, read from the
+    leader's, with whether the leader sees it joined (``joined``, topology/links): a rank that went away is down,
+    and so is its group, though the leader's engine answers its health check until its next request fails."""
     from concurrent.futures import wait
     scraped = [t for t in hosts if t.leader in (None, t.host)]
     jobs = len(scraped) + len(prometheus) * len(PROM_QUERIES)
-    ex = ThreadPoolExecutor(max_workers=max(1, min(64, jobs)))
+    width = max(1, min(int(concurrency), jobs))
+    if deadline is None:
+        deadline = timeout * -(-jobs // width) + 1.0
+    end = time.monotonic() + deadline
+    ex = ThreadPoolExecutor(max_workers=width, thread_name_prefix="status")
+
+    def bounded(fn, *args):
+        left = end - time.monotonic()
+        if left <= 0.05:
+            raise TimeoutError(f"not asked: the status deadline ({deadline:g} s) passed first; raise --deadline "
+                               "or --concurrency")
+        return fn(*args, min(timeout, left))
     try:
-        rows_f = [ex.submit(scrape_exporter, t, timeout) for t in scraped]
-        prom_f = {base: {k: ex.submit(prom_query, base, q, timeout) for k, q in PROM_QUERIES.items()}
+        # Prometheus first: its few queries must not wait behind a thousand exporters
+        prom_f = {base: {k: ex.submit(bounded, prom_query, base, q) for k, q in PROM_QUERIES.items()}
                   for base in prometheus}
-        # the deadline is inside each request; this bound only guards against a queue longer than the pool
-        wait(rows_f + [f for fs in prom_f.values() for f in fs.values()], timeout=timeout * (1 + jobs // 64) + 2)
+        rows_f = [ex.submit(bounded, scrape_exporter, t) for t in scraped]
+        # each request holds its own deadline; this only guards the whole call against a stuck thread
+        wait(rows_f + [f for fs in prom_f.values() for f in fs.values()],
+             timeout=max(0.0, end - time.monotonic()) + 0.5)
         rows = []
         for t, f in zip(scraped, rows_f):
             if f.done() and not f.exception():
                 rows.append(f.result())
             else:
-                why = f"{f.exception()}"[:80] if f.done() else f"no answer within {timeout:g} s"
+                why = f"{f.exception()}"[:120] if f.done() else f"no answer within {timeout:g} s"
                 rows.append({"host": t.host, "address": t.address, "reachable": False,
                              "error": f"exporter {t.address} port {t.exporter_port}: {why}"})
         prom_used, prom_errors = None, []

@@ -87,3 +87,75 @@ def test_group_root_prefers_the_rank_that_says_why():
     assert group_root([("a", lead), ("b", follow)])[0] == "b"
     assert group_root([("a", lead), ("b", {"root_cause": None})])[0] == "a"  # only the lost-peer line: still said
     assert group_root([("a", {}), ("b", {"root_cause": None})]) is None
+
+
+def test_batch_sizes_follow_ansibles_serial():
+    from specdeploy.topology import batch_sizes
+    assert batch_sizes("100%", 5) == [5] and batch_sizes(2, 5) == [2, 2, 1] and batch_sizes("30%", 10) == [3] * 3 + [1]
+    assert batch_sizes("1%", 10) == [1] * 10  # rounded down, at least one
+    assert batch_sizes([1, "50%"], 9) == [1, 4, 4]  # a list: the last value repeats
+    assert batch_sizes("x%", 4) is None
+
+
+def test_rolling_batches_start_with_one_group_and_never_cut_one(tmp_path):
+    from specdeploy.topology import batch_sizes, rolling_batches
+    ranks = _ranks(_inv(tmp_path, n_groups=6, size=3, singles=7))
+    order = [f"g{i}h{j}" for i in range(6) for j in range(3)] + [f"s{j}" for j in range(7)]
+    sizes = rolling_batches(order, ranks, 10)
+    assert sum(sizes) == len(order) and sizes[0] == 3  # the canary: the first group, whole
+    start = 0
+    for n in sizes:
+        assert batch_problems(order[start:start + n], ranks) == []
+        start += n
+    assert serial_problems(sizes, order, ranks) == [] and batch_sizes(sizes, len(order)) == sizes
+    assert rolling_batches([f"s{j}" for j in range(7)], ranks, 30) == [1, 2, 2, 2]  # singles: one host first
+
+
+def test_the_rollout_filter_rolls_a_fleet_within_its_budget_and_names_disagreeing_hosts(tmp_path):
+    path = _inv(tmp_path, n_groups=2, size=2, singles=20)
+    loaded = inv_mod.load(str(path))
+    f = _filters()
+    hv, hosts = loaded.all_vars, [h.name for h in loaded.engine_hosts]
+    got = f.specdeploy_rollout(hv, hosts, hosts)
+    assert got["rolling"] and got["max_fail_percentage"] == 10 and got["serial"][0] == 2 and not got["problems"]
+    assert sum(got["serial"]) == len(hosts) == sum(got["batches"])
+    small = f.specdeploy_rollout(hv, hosts, hosts[:3])  # a --limit of three hosts of a 24-host fleet still rolls
+    assert small["rolling"] and sum(small["batches"]) == 3
+    few = {h: {**v, "specdeploy_rolling_from_hosts": 100} for h, v in hv.items()}
+    assert f.specdeploy_rollout(few, hosts, hosts) == {"serial": "100%", "max_fail_percentage": 100, "problems": [],
+                                                        "batches": [len(hosts)], "rolling": False}
+    odd = {h: ({**v, "specdeploy_max_fail_percentage": 30} if h == "s5" else v) for h, v in hv.items()}
+    lines = f.specdeploy_rollout(odd, hosts, hosts)["problems"]
+    assert len(lines) == 1 and lines[0].startswith("s5: specdeploy_max_fail_percentage is 30")
+    cut = {h: {**v, "specdeploy_serial": 1} for h, v in hv.items()}
+    assert any("one unit" in p for p in f.specdeploy_rollout(cut, hosts, hosts)["problems"])
+
+
+class _Counting(dict):
+    """hostvars that counts which hosts' variables were read."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.read = []
+
+    def __getitem__(self, k):
+        self.read.append(k)
+        return super().__getitem__(k)
+
+
+def test_a_hosts_rank_reads_only_its_mates_once_the_deploy_knows_the_groups(tmp_path):
+    """The per-host filters (plan, probe, converged check) resolve a rank from the host's mates in the run's
+    deploy_groups, not from every engine host: linear over a fleet, and the same rank."""
+    path = _inv(tmp_path, n_groups=3, size=2, singles=4)
+    loaded = inv_mod.load(str(path))
+    f = _filters()
+    hosts = [h.name for h in loaded.engine_hosts]
+    groups = f.specdeploy_groups(loaded.all_vars, hosts)
+    plain_plan = f.specdeploy_plan(loaded.all_vars["g1h1"], "g1h1", None, loaded.all_vars, hosts)
+    counting = _Counting(loaded.all_vars)
+    mine = {**loaded.all_vars["g1h1"], "deploy_groups": groups}
+    got = f.specdeploy_plan(mine, "g1h1", None, counting, hosts)
+    assert got == plain_plan and set(counting.read) == {"g1h0"}  # its one mate, not the other nine hosts
+    walk = _Counting(loaded.all_vars)
+    f.specdeploy_plan(loaded.all_vars["g1h1"], "g1h1", None, walk, hosts)
+    assert len(set(walk.read)) == len(hosts) - 1  # without deploy_groups: every other host (the old way)
