@@ -14,6 +14,8 @@ from specdeploy.testing import fleetsim
 
 ROLLING = {"specdeploy_rolling_from_hosts": 4, "specdeploy_rolling_batch_percent": 34,
            "specdeploy_max_fail_percentage": 50}
+# one worker runs the module, so the six-host first deploy is made once
+pytestmark = pytest.mark.xdist_group("fleetsim")
 
 
 @pytest.fixture(scope="module")
