@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from specdeploy.values.errors import SpecdeployError
-from specdeploy.cli.options import ENGINE_HELP, Json, fail
+from specdeploy.cli.options import ENGINE_HELP, Json, error, fail
 
 drafter_app = typer.Typer(no_args_is_help=True, help="Validate and convert EAGLE-3 drafters.")
 
@@ -33,15 +33,54 @@ def check_cmd(drafter_dir: Path = typer.Argument(..., help="the drafter's direct
               engine: str = typer.Option(..., "--engine", help=ENGINE_HELP),
               engine_version: str = typer.Option(None, "--engine-version",
                                                  help="rules of this engine release (default: the newest known)"),
-              skip_target_check: bool = SkipTargetCheck, as_json: bool = Json):
+              skip_target_check: bool = SkipTargetCheck,
+              surface: Optional[Path] = typer.Option(None, "--surface", help="the price of speculation measured on "
+                                                     "the host (breakeven --measure's surface.json): say the "
+                                                     "acceptance length this drafter needs there per load band"),
+              k: Optional[int] = typer.Option(None, "--k", help="with --surface: the draft length the drafter "
+                                              "will run at (default: the one k the surface measured)"),
+              as_json: bool = Json):
     """Check a drafter against its target for one engine (config and headers only; no weights read)."""
     from specdeploy.drafter import check
+    price = _price(surface, k, engine) if surface is not None else None
     try:
         rep = check(drafter_dir, target, engine, engine_version, target_check=not skip_target_check)
     except SpecdeployError as exc:
         fail(exc)
-    _print_report(rep, as_json)
+    if as_json:
+        print(json.dumps({**rep.to_dict(), **({"price": price} if price else {})}, indent=2))
+    else:
+        _print_report(rep, False)
+        for line in (price or {}).get("lines", []):
+            print(line)
     raise typer.Exit(0 if rep.ok else 1)
+
+
+def _price(path: Path, k: Optional[int], engine: str) -> dict:
+    """What the host's measured price asks of a drafter at k: the AL per load band for 1.0x and 1 + margin."""
+    from specdeploy.speculation import surface as S
+    from specdeploy.values.terminal import safe
+    try:
+        sf = S.load(path)
+    except SpecdeployError as exc:
+        fail(exc)
+    measured_ks = sorted({int(p["k"]) for p in sf.get("points", [])})
+    if sf.get("engine") != engine:
+        error("--surface", f"{path} was measured on {sf.get('engine')}, not {engine}",
+              f"give the surface measured on the {engine} host")
+    if k is None:
+        if len(measured_ks) != 1:
+            error("--k", f"the surface measured k={measured_ks}", "say which k the drafter will run at")
+        k = measured_ks[0]
+    rows = S.band_needs(sf, k)
+    if not rows:
+        error("--k", f"{path} measured no point at k={k} (it has k={measured_ks})",
+              f"give one of {measured_ks}, or measure k={k} with breakeven --measure")
+    lines = [f"price on this host ({safe(S.stamp(sf))}): at k={k} the drafter needs, per load band:"]
+    lines += ["  " + safe(x) for x in S.summary(sf, k)]
+    return {"k": k, "bands": [{"from_batch": r.get("from_batch"), "breakeven_al": r["breakeven"]["al"],
+                               "keep_al": r["keep"]["al"], "reachable": r["keep"]["reachable"]} for r in rows],
+            "lines": lines}
 
 
 @drafter_app.command("convert")

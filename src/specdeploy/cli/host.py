@@ -95,7 +95,11 @@ def exporter_cmd(engine: str = typer.Option(..., "--engine", help=ENGINE_HELP),
                  weight_cache_health: Optional[str] = typer.Option(None, "--weight-cache-health", help="the engine's "
                                                                    "weight-cache daemon's health check (its plan's)"),
                  weight_cache_record: Optional[Path] = typer.Option(None, "--weight-cache-record", help="the deploy's "
-                                                                    "record of the daemon's last load")):
+                                                                    "record of the daemon's last load"),
+                 surface_file: Optional[Path] = typer.Option(Path(host_path("surface_file")), "--surface-file",
+                                                             help="the price of speculation measured on this host "
+                                                             "(breakeven --measure's surface.json): the acceptance "
+                                                             "length each load band needs")):
     """Serve speculative-decoding metrics under one engine-independent set of names."""
     import time as _t
     from specdeploy.speculation.exporter import serve
@@ -124,7 +128,7 @@ def exporter_cmd(engine: str = typer.Option(..., "--engine", help=ENGINE_HELP),
               "give the health check from the host's plan")
     wc = (weight_cache_health, weight_cache_record) if weight_cache_health else None
     try:
-        serve(engine, engine_url, listen, window, kv, gate_file, group, wc)
+        serve(engine, engine_url, listen, window, kv, gate_file, group, wc, surface_file)
     except OSError as exc:
         error("--listen", f"cannot listen on {listen}: {exc.strerror or exc}",
               "choose a free port and an address of this host")

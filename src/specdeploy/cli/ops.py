@@ -311,6 +311,9 @@ def gate_cmd(url: str = typer.Option(..., "--url", help="the engine's base URL")
                  None, "--schedule", help="a gate report whose verdict keeps bands of k per load: measure the engine "
                  "serving them (rendered) at each band's load and both sides of each threshold against --baseline, "
                  "and write the verdict after it (--concurrency is then the schedule's loads)"),
+             surface: Optional[Path] = typer.Option(
+                 None, "--surface", help="the price of speculation measured on this host (breakeven --measure's "
+                 "surface.json): each level gets the AL its load band needs there beside the measured figures"),
              out: Path = typer.Option(Path("gate"), "--out", help="a new directory for report.json and its chart "
                                       "(only an earlier gate output is replaced)"),
              as_json: bool = Json):
@@ -322,6 +325,13 @@ def gate_cmd(url: str = typer.Option(..., "--url", help="the engine's base URL")
     except SpecdeployError as exc:
         fail(exc)
     levels, shares = _gate_levels(concurrency, weights)
+    price = None
+    if surface is not None:
+        from specdeploy.speculation.surface import load as load_surface
+        try:
+            price = load_surface(surface)
+        except SpecdeployError as exc:
+            fail(exc)
     try:
         url, base, key, roofline = _gate_inputs(url, margin, requests, max_tokens, k, baseline, api_key_file,
                                                 prompts, target, hardware)
@@ -337,6 +347,9 @@ def gate_cmd(url: str = typer.Option(..., "--url", help="the engine's base URL")
             add_predictions(report, *roofline)
         except SpecdeployError as exc:
             fail(exc)
+    if price is not None:
+        from specdeploy.speculation.surface import add_to_report
+        add_to_report(report, price)
     _gate_write(report, out)
     if as_json:
         print(json.dumps(report, indent=2))
@@ -464,7 +477,9 @@ def _gate_print(report: dict, out: Path) -> None:
               f"break-even AL {lv.get('breakeven_al') and round(lv['breakeven_al'], 2)}"
               + (f"  step ratio {lv['step_ratio']:.2f} (roofline {lv['predicted_step_ratio'][0]:.2f}-"
                  f"{lv['predicted_step_ratio'][1]:.2f})" if lv.get("predicted_step_ratio")
-                 and lv.get("step_ratio") else ""))
+                 and lv.get("step_ratio") else "")
+              + (f"  needs AL {lv['surface_needed_al'][0]:.2f} (measured price)"
+                 if (lv.get("surface_needed_al") or [None])[0] is not None else ""))
     for b in report.get("k_by_batch") or []:
         print(f"band from {b['from_batch']:<4} running requests (c={b['concurrency']}): k={b['k']}  "
               f"predicted {b['predicted_speedup']:.2f}x")

@@ -55,6 +55,7 @@ class Sample:
     has_counters: bool = False
     itl_sum: float = 0.0  # the engine's inter-token latency histogram (seconds), for the gate
     itl_count: float = 0.0
+    running: float | None = None  # requests the engine runs now (summed over its schedulers)
 
 
 class ParseError(ValueError):
@@ -101,6 +102,7 @@ def aggregate_ranks(ranks: list[tuple[tuple, dict[str, float]]]) -> tuple[float 
 def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
     counters, gauges = get(engine).metrics.spec_counters, get(engine).metrics.spec_gauges
     itl = get(engine).metrics.serving.get("itl")
+    running = get(engine).metrics.serving.get("running")
     s = Sample(t)
     found = False
     ranks: dict[tuple, dict[str, float]] = {}  # a scheduler's series (all its labels) -> its gauges
@@ -114,6 +116,10 @@ def parse_engine_metrics(engine: str, text: str, t: float) -> Sample:
                     continue
                 if itl and smp.name == f"{itl}_count":
                     s.itl_count += smp.value
+                    continue
+                if running and smp.name == running:
+                    if math.isfinite(smp.value) and smp.value >= 0:
+                        s.running = (s.running or 0.0) + smp.value
                     continue
                 if counters:
                     if smp.name == counters.get("drafts"):
@@ -150,7 +156,7 @@ class SpecCollector:
     def __init__(self, engine: str, url: str, window: float = 60.0, info: dict | None = None,
                  gate_file: Path | None = None, timeout: float = 2.0, cache_s: float = 1.0,
                  release_file: Path | None = None, group: tuple[int, list[str]] | None = None,
-                 tables=None, weight_cache=None):
+                 tables=None, weight_cache=None, surface_file: Path | None = None):
         # counters (else acceptance gauges); an unknown engine is a ValueError (UnsupportedVersion)
         self.counting = bool(get(engine).metrics.spec_counters)
         self.engine, self.url, self.window = engine, url.rstrip("/") + "/metrics", window
@@ -162,6 +168,10 @@ class SpecCollector:
         self.group = group
         self.tables = tables or links.read_tables
         self.weight_cache = weight_cache  # a speculation.weightcache.WeightCacheCollector, where one is attached
+        self.surface = None  # the measured price on this host (speculation/surfacemetrics.py), where a file may be
+        if surface_file:
+            from specdeploy.speculation.surfacemetrics import SurfaceFigures
+            self.surface = SurfaceFigures(surface_file)
         self.samples: deque[Sample] = deque()
         self.errors = 0
         self.up = 0
@@ -198,6 +208,7 @@ class SpecCollector:
             gate = self._gate()
             gate_ok = not self.problems.get("gate")
             wc = list(self.weight_cache.collect()) if self.weight_cache else []
+            surface = self._surface(info, samples)
         yield GaugeMetricFamily("specdeploy_engine_up", help_of("specdeploy_engine_up"), value=up)
         yield CounterMetricFamily("specdeploy_exporter_scrape_errors",
                                   help_of("specdeploy_exporter_scrape_errors"), value=errors)
@@ -207,14 +218,32 @@ class SpecCollector:
         valid.add_metric(["release"], 1.0 if release_ok else 0.0)
         if self.weight_cache:
             valid.add_metric(["weight_cache"], 0.0 if self.weight_cache.problem else 1.0)
+        if self.surface:
+            valid.add_metric(["surface"], 0.0 if self.surface.problem else 1.0)
         yield valid
         yield from wc
+        yield from surface
         yield InfoMetricFamily("specdeploy_engine", help_of("specdeploy_engine"), value=info)
         if samples:
             yield from self._spec(samples)
         yield from gate
         if self.group:
             yield self._group()
+
+    def _surface(self, info: dict, samples: list) -> list:
+        """The needed acceptance lengths of the host's measured price at the deployed k, and the one for the load
+        band of the latest scrape's running requests."""
+        if not self.surface:
+            return []
+        try:
+            k = int(str(info.get("spec_tokens") or "0"))
+        except ValueError:
+            k = 0
+        running = samples[-1].running if samples else None
+        figures = self.surface.collect(self.engine, str(info.get("version") or ""), k, running)
+        if self.surface.problem:
+            self._note("surface", self.surface.path, self.surface.problem)
+        return figures
 
     def _group(self):
         port, ranks = self.group
@@ -412,8 +441,10 @@ def read_release(path: Path) -> tuple[str, str]:
 
 
 def serve(engine: str, url: str, listen: str, window: float, info: dict, gate_file: Path | None,
-          group: tuple[int, list[str]] | None = None, weight_cache: tuple[str, Path | None] | None = None):
-    """``weight_cache``: (the daemon's health check, the deploy's record of it) where the engine attaches to one."""
+          group: tuple[int, list[str]] | None = None, weight_cache: tuple[str, Path | None] | None = None,
+          surface_file: Path | None = None):
+    """``weight_cache``: (the daemon's health check, the deploy's record of it) where the engine attaches to one;
+    ``surface_file``: the price of speculation measured on the host (speculation/surfacemetrics.py)."""
     from prometheus_client import start_http_server
     from prometheus_client.core import CollectorRegistry
     reg = CollectorRegistry()
@@ -423,7 +454,7 @@ def serve(engine: str, url: str, listen: str, window: float, info: dict, gate_fi
         from specdeploy.speculation.weightcache import WeightCacheCollector
         wc = WeightCacheCollector(*weight_cache)
     reg.register(SpecCollector(engine, url, window, info, gate_file, release_file=release, group=group,
-                               weight_cache=wc))
+                               weight_cache=wc, surface_file=surface_file))
     host, _, port = listen.rpartition(":")
     server, thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=reg)
     return server, thread

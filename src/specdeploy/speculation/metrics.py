@@ -26,6 +26,12 @@ EXPORTED: dict[str, tuple[str, str]] = {
     "specdeploy_gate_predicted_step_ratio": ("gauge", "Step-time ratio the roofline predicts at the gate's k and "
                                              "level (verify plus draft over one decode step), for local and for "
                                              "uniform expert routing: the acceptance length it needs for 1.0x"),
+    "specdeploy_surface_needed_acceptance_length": ("gauge", "Acceptance length speculation at the deployed k needs "
+                                                    "per load band (from_batch running requests), for 1.0x and "
+                                                    "for 1 + the gate's margin, as the engine measured it on this "
+                                                    "host (specdeploy breakeven --measure)"),
+    "specdeploy_surface_needed_acceptance_length_now": ("gauge", "The measured acceptance length for 1.0x in the "
+                                                        "load band of the engine's running requests now"),
     "specdeploy_gate_verdict": ("gauge", "1 for the gate's current verdict"),
     "specdeploy_gate_failed_requests": ("gauge", "Requests that failed during the gate's last measurement"),
     "specdeploy_gate_timestamp_seconds": ("gauge", "When the gate last ran"),
@@ -93,14 +99,19 @@ def q_kv() -> str:
 
 # speculation is on where the deployed unit says so (the exporter's info carries the draft-token count)
 Q_SPEC_ON = 'max by (host) (specdeploy_engine_info{spec_tokens!="0",spec_tokens!=""})'
-# speculation's speedup now: the live acceptance length over the step-time ratio the gate measured (its levels
-# averaged, as its verdict weighs them)
-Q_PREDICTED_SPEEDUP = ("specdeploy_spec_acceptance_length / on (host) "
-                       "avg by (host) (specdeploy_gate_step_ratio)")
+# speculation's speedup now: the live acceptance length over the acceptance length 1.0x needs, where the host's
+# measured price gives it for the load band the engine is in (breakeven --measure), else over the step-time ratio
+# the gate measured (its levels averaged, as its verdict weighs them)
+Q_PREDICTED_SPEEDUP = ("(specdeploy_spec_acceptance_length / on (host) "
+                       "max by (host) (specdeploy_surface_needed_acceptance_length_now)) or "
+                       "(specdeploy_spec_acceptance_length / on (host) "
+                       "avg by (host) (specdeploy_gate_step_ratio))")
 # the acceptance length speculation needs for 1.0x on each host, over the gate's levels as the verdict weighs them:
 # measured (the gate's step ratio) and predicted by the roofline (one line per routing model)
 Q_BREAKEVEN_MEASURED = "avg by (host) (specdeploy_gate_step_ratio)"
 Q_BREAKEVEN_PREDICTED = "avg by (host, routing) (specdeploy_gate_predicted_step_ratio)"
+# ... and measured by the engine's price on the host for the load band it is in now (speculation/surface.py)
+Q_BREAKEVEN_SURFACE = "max by (host) (specdeploy_surface_needed_acceptance_length_now)"
 # a weight-cache daemon down while its engine expects it (the engine bound to it stops with it)
 Q_WEIGHT_CACHE_DOWN = "specdeploy_weight_cache_expected == 1 unless on (host) specdeploy_weight_cache_up == 1"
 # the label of the alerts that ask `specdeploy regate` for a new gate run on their host

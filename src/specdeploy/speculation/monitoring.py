@@ -61,6 +61,7 @@ def panels() -> list[tuple[str, str, str, list[tuple[str, str]]]]:
         ("Speculative decoding", "Break-even: live acceptance length against the one needed for 1.0x", "none",
          [("{{host}} live", "specdeploy_spec_acceptance_length"),
           ("{{host}} needed (measured)", M.Q_BREAKEVEN_MEASURED),
+          ("{{host}} needed (measured price, load band now)", M.Q_BREAKEVEN_SURFACE),
           ("{{host}} needed (roofline, {{routing}} routing)", M.Q_BREAKEVEN_PREDICTED)]),
         ("Serving", "Time to first token p50 / p99", "s",
          [("{{host}} p99", M.q_ttft(0.99, R)), ("{{host}} p50", M.q_ttft(0.5, R))]),

@@ -11,8 +11,10 @@ This module holds what is computed from those runs and read by the decisions:
   as speedup proportional to AL beyond them, and "out of reach" above k + 1;
 - :func:`speedup_at`: the surface's speedup at any AL for a (k, load) it measured (the gate's prediction for
   another k);
-- :func:`band_needs`: per load band, the AL live acceptance is to be compared with (the gate, the exporter and
-  ``drafter check`` do not read a surface yet);
+- :func:`band_needs`: per load band, the AL live acceptance is to be compared with: the exporter publishes it
+  for the band the engine is in (speculation/surfacemetrics.py) and the continuous gate's rule compares the live
+  AL with it instead of the gate's step-time ratio; ``drafter check --surface`` states it for a drafter;
+  :func:`add_to_report` puts it beside each level the gate measured (``gate --surface``);
 - :func:`read` / :func:`problem`: a surface file, bounded and validated (it is read by long-running services);
 - :func:`chart`: the PNG (speedup against AL per load, one line per k, the roofline's range beside it).
 """
@@ -103,6 +105,33 @@ def band_of(rows: list[dict], batch: float) -> dict | None:
         if (r.get("from_batch") or 1) <= max(1.0, batch):
             chosen = r
     return chosen
+
+
+def add_to_report(report: dict, surface: dict) -> dict:
+    """Beside each level a gate report measured at its k: the AL the surface says the level's load band needs for
+    1.0x and 1 + margin, and the surface's speedup at the level's measured AL where it measured that load. The
+    gate's own measurement keeps the verdict; a level whose measured AL is below the surface's break-even is
+    named in ``surface_check`` (the drafter, not the host, falls short there)."""
+    k = report.get("k")
+    rows = band_needs(surface, int(k)) if k and report.get("speculation") else []
+    if not rows:
+        report["surface"] = {"stamp": stamp(surface), "k": k, "used": False,
+                             "why": f"the surface measured no point at k={k}" if k else "no k deployed"}
+        return report
+    short = []
+    for lv in report.get("levels", []):
+        row = band_of(rows, float(lv["concurrency"]))
+        if row is None:
+            continue
+        be, keep = row["breakeven"]["al"], row["keep"]["al"]
+        lv["surface_needed_al"] = [be, keep]
+        al = lv.get("acceptance_length")
+        if al is not None:
+            lv["surface_speedup"] = speedup_at(surface, float(al), int(k), int(row["concurrency"]))
+            if be is not None and al < be:
+                short.append(int(lv["concurrency"]))
+    report["surface"] = {"stamp": stamp(surface), "k": int(k), "used": True, "below_breakeven_at": short}
+    return report
 
 
 def speedup_at(surface: dict, al: float, k: int, concurrency: int) -> float | None:

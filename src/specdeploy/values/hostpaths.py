@@ -31,6 +31,8 @@ HOST_PATHS: dict[str, str] = {
     "gate": f"{STATE_DIR}/gate",
     "gate_report": f"{STATE_DIR}/gate/report.json",
     "gate_chart": f"{STATE_DIR}/gate/report.png",
+    "surface": f"{STATE_DIR}/surface",              # breakeven --measure --out: the price measured on the host
+    "surface_file": f"{STATE_DIR}/surface/surface.json",
     "nccl": f"{STATE_DIR}/nccl",
     "probe": f"{STATE_DIR}/probe",
     "verified": f"{STATE_DIR}/verified",

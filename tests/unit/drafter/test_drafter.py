@@ -189,6 +189,38 @@ def test_cli_json_and_exit_codes(tmp_path, target):
     assert r.returncode == 2 and "Traceback" not in r.stderr and "does not exist" in r.stderr
 
 
+def test_check_states_the_al_the_hosts_measured_price_asks_of_the_drafter(tmp_path, target):
+    """With the surface breakeven --measure wrote on the host: the AL per load band at the drafter's k, for 1.0x
+    and 1 + margin; a surface of another engine or without that k is refused by name."""
+    d = write_drafter(tmp_path / "d")
+    pts = [{"k": k, "concurrency": c, "al_measured": al, "speedup": al / (1.2 + 0.2 * k + (0.6 if c > 1 else 0))}
+           for k in (1, 3) for c in (1, 8) for al in (1.5, 2.5, 3.5)]
+    sf = tmp_path / "surface.json"
+    sf.write_text(json.dumps({"kind": "specdeploy-speculation-surface", "engine": "vllm", "release": "0.32.0",
+                              "margin": 0.1, "concurrency": [1, 8], "points": pts, "method": "synthetic"}))
+
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "specdeploy.cli", "drafter", "check", str(d), "--target",
+                               str(target), "--engine", "vllm", "--surface", str(sf), *extra],
+                              capture_output=True, text=True)
+    r = run("--k", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    price = json.loads(r.stdout)["price"]
+    bands = {b["from_batch"]: b for b in price["bands"]}
+    assert price["k"] == 3 and sorted(bands) == [1, 3]  # bands start at 1 and at the levels' midpoint
+    assert bands[1]["breakeven_al"] == pytest.approx(1.8) and bands[3]["breakeven_al"] == pytest.approx(2.4)
+    assert bands[1]["keep_al"] == pytest.approx(1.98) and bands[3]["reachable"]
+    r = run("--k", "3")
+    assert "at k=3 the drafter needs" in r.stdout and "AL 1.98" in r.stdout and "AL 2.64" in r.stdout
+    r = run()  # two k measured: which one is asked for
+    assert r.returncode == 2 and "--k" in r.stderr and "Traceback" not in r.stderr
+    r = run("--k", "2")
+    assert r.returncode == 2 and "no point at k=2" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "drafter", "check", str(d), "--target", str(target),
+                        "--engine", "sglang", "--surface", str(sf), "--k", "3"], capture_output=True, text=True)
+    assert r.returncode == 2 and "measured on vllm, not sglang" in r.stderr
+
+
 # --- the corpus of real public drafters (tests/data/drafters/corpus/*.json) ------------------------------------
 CORPUS = sorted((TESTS / "data" / "drafters" / "corpus").glob("*.json"))
 

@@ -80,7 +80,9 @@ def test_promtool_check_and_unit_tests(tmp_path):
                                                  "specdeploy_action": "regate"},
                                   "exp_annotations": {
                                       "summary": "Speculation on gpu-a now runs at about 0.76x of none (live "
-                                                 "acceptance length over the gate's step-time ratio)",
+                                                 "acceptance length over the one 1.0x needs: the host's measured "
+                                                 "price at its load now where it has one, else the gate's "
+                                                 "step-time ratio)",
                                       "description": "Below 1.0 for 10m. `specdeploy regate` (or a deploy with "
                                                      "specdeploy_spec_gate) measures again and keeps k, reduces "
                                                      "it, or disables speculation."}}]},
@@ -182,6 +184,13 @@ def test_every_panel_returns_data_from_real_prometheus(tmp_path):
     record.write_text(json.dumps({"daemon": {"load_s": 1830.0, "memory_gib_per_rank": 70.1},
                                   "engine": {"ready_s": 41.5, "attached": True, "disk_fallback": False}}))
     group += ("--weight-cache-health", f"http://127.0.0.2:{dcgm_port}/health", "--weight-cache-record", str(record))
+    # and the price of speculation was measured on it (breakeven --measure's surface at the sims' k=3)
+    surface = tmp_path / "surface.json"
+    surface.write_text(json.dumps({"kind": "specdeploy-speculation-surface", "engine": "vllm", "release": "test",
+                                   "margin": 0.1, "concurrency": [1], "points": [
+                                       {"k": 3, "concurrency": 1, "al_measured": al, "speedup": al / 1.3}
+                                       for al in (1.5, 2.5)]}))
+    group += ("--surface-file", str(surface))
     try:
         for engine, addr in hosts.items():
             ep, xp = free_port(addr), free_port(addr)
