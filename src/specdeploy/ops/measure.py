@@ -11,8 +11,9 @@ The host's own engine unit must be stopped first (the measurement needs its GPUs
 under its own name (``<unit>-measure``) with a private env file. A multi-host serving group is refused: its ranks
 start together, which this runner does not do.
 
-The weight cache: where the pinned release has one, each start should attach to it instead of reading the target
-again; :func:`weight_cache_overrides` is where that attaches (it returns nothing until the cache exists).
+The weight cache: each start runs the engine command line of the host's plan, which attaches to the host's
+weight-cache daemon wherever the plan has one (vLLM's ``--load-format ipc_cache``, SGLang's client mode), so a
+measurement's many starts do not read the target again; the daemon the deploy started must be up.
 """
 from __future__ import annotations
 
@@ -41,13 +42,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def weight_cache_overrides(hv: HostVars) -> dict:
-    """Inventory variables that attach an engine start to the host's weight cache, so a measurement's many starts
-    do not read the target again each time. None yet: the weight cache (the inference_engine role's daemon and its
-    load format) adds them here when the pinned release has one."""
-    return {}
-
-
 def _merge(variables: dict, overrides: dict) -> dict:
     out = dict(variables)
     for k, v in overrides.items():
@@ -73,9 +67,7 @@ class Runner:
     def variables_for(self, overrides: dict) -> HostVars:
         v = _merge(self.variables, {"specdeploy_bind_address": "127.0.0.1", "specdeploy_port": free_port(),
                                     **overrides})
-        hv = validate_host(self.host, v)
-        cache = weight_cache_overrides(hv)
-        return validate_host(self.host, _merge(v, cache)) if cache else hv
+        return validate_host(self.host, v)
 
     def command(self, hv: HostVars) -> tuple[list[str], dict[str, str], list[Path]]:
         """(argv, environment, files to remove afterwards) of the engine unit for ``hv``."""

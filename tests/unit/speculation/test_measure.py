@@ -166,3 +166,21 @@ def test_a_paired_sweep_keeps_the_baseline_up_and_measures_each_round_beside_one
     assert {c: len(lv["rounds_tps"]) for c, lv in s["baseline"]["levels"].items()} == {"1": 12, "2": 12}
     d = [p for p in s["points"] if p["drafter"] == "d"]
     assert all(p["al_measured"] > 1.3 for p in d)  # the simulator's default acceptance, 0.7 per token
+
+
+def test_each_start_attaches_to_the_hosts_weight_cache_where_its_plan_has_one(tmp_path, venv):
+    """vLLM 0.32.0 with a block-FP8 checkpoint: the plan has a daemon, so every measurement start runs the
+    attach command line (ipc_cache, no fallback to disk); vLLM 0.16.0 has none and loads from disk."""
+    cfg = json.loads((MODEL / "config.json").read_text())
+    cfg["text_config"]["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                                 "weight_block_size": [128, 128]}  # block FP8: the daemon holds it
+    (tmp_path / "fp8").mkdir()
+    (tmp_path / "fp8" / "config.json").write_text(json.dumps(cfg))
+    new = Runner("simhost", {**_host(venv), "specdeploy_model_config_copy": str(tmp_path / "fp8")},
+                 tmp_path / "work")
+    argv, _, _ = new.command(new.variables_for({"specdeploy_spec_enabled": False}))
+    assert argv[argv.index("--load-format") + 1] == "ipc_cache"
+    assert '"fallback":false' in argv[argv.index("--model-loader-extra-config") + 1]
+    old = Runner("simhost", {**_host(venv), "specdeploy_engine_version": "0.16.0"}, tmp_path / "work16")
+    argv, _, _ = old.command(old.variables_for({"specdeploy_spec_enabled": False}))
+    assert "ipc_cache" not in argv
