@@ -64,8 +64,8 @@ def venv(version: str) -> Path:
 def host_vars(target: Path, drafter: Path | None = None, k: int = 1, port: int | None = None,
               version: str = "0.32.0", served: str = "tiny", extra: dict | None = None) -> HostVars:
     """The variables an inventory would give a host that serves ``target`` (with the EAGLE-3 ``drafter``, k draft
-    tokens) from the real-engine venv; the CPU build's needs (its KV-cache size, eager mode, a short context)
-    come in through the ordinary variables, validated as any inventory's are."""
+    tokens) from the real-engine venv; the CPU build's needs (its KV-cache size, eager mode, a short context, no
+    weight-cache daemon) come in through the ordinary variables, validated as any inventory's are."""
     v = {
         "specdeploy_engine": realengine.ENGINE, "specdeploy_engine_version": version, "specdeploy_runtime": "venv",
         "specdeploy_venv_path": str(venv(version)), "specdeploy_hardware": "h200_nvl8",
@@ -74,6 +74,9 @@ def host_vars(target: Path, drafter: Path | None = None, k: int = 1, port: int |
         "specdeploy_port": port or free_port(), "specdeploy_max_model_len": 512,
         "specdeploy_engine_extra_args": ["--max-num-seqs", "4", "--enforce-eager"],
         "specdeploy_engine_env": realengine.env(version, drafter is not None and realengine.uses_mla(target)),
+        # the CPU build refuses the weight-cache daemon (UnsupportedPlatformForIPCError: CUDA IPC only), which
+        # `auto` would plan for an unquantized target of a release that has one: this host loads from disk
+        "specdeploy_weight_cache": "off",
     }
     if drafter is not None:
         v.update(specdeploy_spec_enabled=True, specdeploy_spec_method="eagle3", specdeploy_drafter_path=str(drafter),
