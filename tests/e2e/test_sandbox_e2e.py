@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -69,11 +70,11 @@ def play(inv: Path, *extra: str, playbook="deploy.yml", limit=None) -> tuple[int
     return r.returncode, r.stdout + r.stderr, recap
 
 
-def ssh(host: str, cmd: str) -> str:
+def ssh(host: str, cmd: str, input: str | None = None) -> str:
     from specdeploy.testing.sandbox import STATE
     r = subprocess.run(["ssh", "-i", str(STATE / "id_ed25519"), "-o", "StrictHostKeyChecking=no", "-o",
                         "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"root@{host}", cmd],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, input=input)
     return r.stdout
 
 
@@ -215,9 +216,29 @@ def _alerts(name: str) -> list[dict]:
     return [a for a in body["data"]["alerts"] if a["labels"].get("alertname") == name]
 
 
+SURFACE = "/var/lib/specdeploy/surface/surface.json"  # the exporter's default --surface-file
+
+
+def _surface(version: str) -> dict:
+    """A measured price at k=4: at one running request 1.0x needs AL 2.0, at four 2.6 (speedup AL / 2 and AL / 2.6
+    between the measured points)."""
+    return {"kind": "specdeploy-speculation-surface", "engine": "vllm", "release": version, "margin": 0.1,
+            "concurrency": [1, 4], "points": [{"k": 4, "concurrency": c, "al_measured": al, "speedup": al / need}
+                                              for c, need in ((1, 2.0), (4, 2.6)) for al in (1.5, 2.5)]}
+
+
+def _one(query: str) -> float | None:
+    body = json.load(urllib.request.urlopen(f"http://{H1}:9090/api/v1/query?" + urllib.parse.urlencode(
+        {"query": query}), timeout=10))
+    res = body["data"]["result"]
+    return float(res[0]["value"][1]) if res else None
+
+
 def test_gate_keeps_speculation_that_pays_then_regates_it_when_acceptance_falls(inv, tmp_path):
-    """The gate keeps a drafter that pays (acceptance 0.8, cheap draft). Then the traffic drifts away from it
-    (acceptance 0.1): the exporter's live acceptance length falls below the step-time ratio the gate measured,
+    """The gate keeps a drafter that pays (acceptance 0.8, cheap draft). The price measured on the host (a
+    recorded surface) says what AL one running request needs; the exporter publishes it and the continuous gate
+    divides live acceptance by it instead of the gate's step ratio. Then the traffic drifts away from the drafter
+    (acceptance 0.1): the exporter's live acceptance length falls below the AL it needs,
     Prometheus's SpecdeploySpeculationBelowBreakeven fires after the inventory's monitoring_regate_after, and
     `specdeploy regate` runs the gated deploy on that host: the gate measures again and disables speculation, and
     the unit changes. The host's settings are in its host_vars (what a re-gate deploys is the inventory, not -e)."""
@@ -249,8 +270,10 @@ def test_gate_keeps_speculation_that_pays_then_regates_it_when_acceptance_falls(
                                    r'([0-9.e+-]+)', m).group(1)) for r in ("local", "uniform")}
         assert 1.0 < pred["local"] < pred["uniform"], m
         assert _alerts("SpecdeploySpeculationBelowBreakeven") == []
-        # the traffic drifts: from now on one draft token in ten is accepted
-        ssh(H2, f"mkdir -p {ACCEPTANCE_FILE.rsplit('/', 1)[0]} && echo 0.1 > {ACCEPTANCE_FILE}")
+        # the price of speculation measured on the host (breakeven --measure's surface, at the deployed k=4 and
+        # release): 1.0x needs AL 2.0 with one running request, above the gate's step ratio
+        version = re.search(r'specdeploy_engine_info\{[^}]*version="([^"]+)"', m).group(1)
+        ssh(H2, f"mkdir -p {SURFACE.rsplit('/', 1)[0]} && cat > {SURFACE}", input=json.dumps(_surface(version)))
 
         def traffic():
             while not stop.is_set():
@@ -259,6 +282,17 @@ def test_gate_keeps_speculation_that_pays_then_regates_it_when_acceptance_falls(
                 except OSError:
                     time.sleep(0.5)
         threading.Thread(target=traffic, daemon=True).start()
+        # the continuous gate divides live acceptance by the surface's needed AL, not by the gate's step ratio
+        t0, got = time.monotonic(), None
+        while time.monotonic() - t0 < 90 and got is None:
+            time.sleep(5)
+            got = _one('specdeploy:spec_predicted_speedup{host="sdhost2"}')
+        live, needed = _one('specdeploy_spec_acceptance_length{host="sdhost2"}'), _one(
+            'specdeploy_surface_needed_acceptance_length_now{host="sdhost2"}')
+        assert needed == pytest.approx(2.0) and got is not None and live is not None, (got, live, needed)
+        assert abs(got - live / 2.0) < abs(got - live / ratio) and got == pytest.approx(live / 2.0, rel=0.15)
+        # the traffic drifts: from now on one draft token in ten is accepted
+        ssh(H2, f"mkdir -p {ACCEPTANCE_FILE.rsplit('/', 1)[0]} && echo 0.1 > {ACCEPTANCE_FILE}")
         t0, fired = time.monotonic(), []
         while time.monotonic() - t0 < 240 and not fired:
             fired = [a for a in _alerts("SpecdeploySpeculationBelowBreakeven") if a["state"] == "firing"]
@@ -280,6 +314,11 @@ def test_gate_keeps_speculation_that_pays_then_regates_it_when_acceptance_falls(
         assert "--speculative-config" not in ssh(H2, "cat /etc/specdeploy/specdeploy-vllm.argv")
         m = urllib.request.urlopen(f"http://{H2}:9450/metrics", timeout=10).read().decode()
         assert 'specdeploy_gate_verdict{verdict="disable"} 1.0' in m
+        # the re-gate read the host's recorded price: each level beside the AL its band needs there
+        rep = json.loads(ssh(H2, "cat /var/lib/specdeploy/gate/report.json"))
+        assert rep["surface"]["used"] and 1 in rep["surface"]["below_breakeven_at"], rep.get("surface")
+        lv1 = next(lv for lv in rep["levels"] if lv["concurrency"] == 1)
+        assert lv1["surface_needed_al"][0] == pytest.approx(2.0), lv1
         assert chat(f"http://{H2}:8000")["choices"]  # serving, without speculation
         assert json.loads(state.read_text())["sdhost2"]["rc"] == 0
         # right away again: within the cooldown nothing is run (and the alert no longer concerns a speculating host)
@@ -293,7 +332,7 @@ def test_gate_keeps_speculation_that_pays_then_regates_it_when_acceptance_falls(
         assert "--speculative-config" in ssh(H2, "cat /etc/specdeploy/specdeploy-vllm.argv")
     finally:
         stop.set()
-        ssh(H2, f"rm -f {ACCEPTANCE_FILE}")
+        ssh(H2, f"rm -f {ACCEPTANCE_FILE} {SURFACE}")
         shutil.rmtree(inv / "host_vars", ignore_errors=True)
 
 

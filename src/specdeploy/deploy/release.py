@@ -78,10 +78,12 @@ def specdeploy_gate_verdict(report, variables=None, host=None):
     return verdict_overrides(plain(report), per_batch)
 
 
-def specdeploy_gate_argv(settings, out, baseline=None):
-    """The ``specdeploy gate`` arguments of the gate role's baseline (no ``baseline``) or speculative run."""
+def specdeploy_gate_argv(settings, out, baseline=None, surface=None):
+    """The ``specdeploy gate`` arguments of the gate role's baseline (no ``baseline``) or speculative run;
+    ``surface``: the price measured on the host, fetched to the controller ('' where it has none)."""
     from specdeploy.speculation.gate import command_line
-    return command_line(plain(settings), str(out), None if baseline is None else str(baseline))
+    return command_line(plain(settings), str(out), None if baseline is None else str(baseline),
+                        str(surface) if surface else None)
 
 
 def specdeploy_gate_vars_file(inventory_dir, host, writing=True):

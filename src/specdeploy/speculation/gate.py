@@ -416,10 +416,11 @@ def gate(url: str, engine: str, concurrency: list[int], requests: int | None = N
     return report
 
 
-def command_line(s: dict, out: str, baseline: str | None = None) -> list[str]:
+def command_line(s: dict, out: str, baseline: str | None = None, surface: str | None = None) -> list[str]:
     """``specdeploy gate`` arguments for one of the gate role's two measurements: the baseline (``baseline``
-    None) or the speculative run against it. ``s`` holds the host's address and port, the engine, and the
-    role's settings (concurrency, requests, max_tokens, k, margin, api_key_file)."""
+    None) or the speculative run against it (with the price measured on the host, ``surface``, where it has one).
+    ``s`` holds the host's address and port, the engine, and the role's settings (concurrency, requests,
+    max_tokens, k, margin, api_key_file)."""
     from specdeploy.values.peerhttp import host_port
     argv = ["gate", "--url", f"http://{host_port(s['address'], int(s['port']))}", "--engine", str(s["engine"]),
             "--concurrency", str(s["concurrency"]), "--max-tokens", str(int(s["max_tokens"])), "--out", str(out)]
@@ -431,6 +432,8 @@ def command_line(s: dict, out: str, baseline: str | None = None) -> list[str]:
             argv += ["--weights", str(s["weights"]).strip()]
         if str(s.get("target") or "").strip() and s.get("hardware") and s["hardware"] != "custom":
             argv += ["--target", str(s["target"]), "--hardware", str(s["hardware"])]
+        if surface:
+            argv += ["--surface", str(surface)]
     if s.get("api_key_file"):
         argv += ["--api-key-file", str(s["api_key_file"])]
     return argv

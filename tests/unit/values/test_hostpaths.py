@@ -67,7 +67,9 @@ def test_the_gate_roles_command_lines_parse(tmp_path):
     run = command_line(s, str(tmp_path / "run"), "/nope/report.json")
     assert "--baseline" not in base and run[run.index("--baseline") + 1] == "/nope/report.json"
     assert run[run.index("--k") + 1] == "3" and base[base.index("--requests") + 1] == "16"
-    for argv in (base, run):
+    priced = command_line(s, str(tmp_path / "priced"), "/nope/report.json", "/nope/surface.json")
+    assert "--surface" not in run and priced[priced.index("--surface") + 1] == "/nope/surface.json"
+    for argv in (base, run, priced):
         r = subprocess.run([sys.executable, "-m", "specdeploy.cli", *argv], capture_output=True, text=True,
                            timeout=60, cwd=REPO)
         assert r.returncode != 0  # nothing listens on port 9 / the baseline does not exist
