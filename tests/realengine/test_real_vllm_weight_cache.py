@@ -37,6 +37,8 @@ for cmd in (PreloadSubcommand(), ServeSubcommand()):
     cmd.subparser_init(subs)
 d = p.parse_args(daemon[1:])
 e = p.parse_args(engine[1:])
+if getattr(e, "model_tag", None):  # `vllm serve MODEL`: the serve command moves its positional into --model
+    e.model = e.model_tag
 out = {"daemon": {k: getattr(d, k) for k in ("model", "tensor_parallel_size", "weight_cache_socket_dir",
                                                "weight_cache_master_port", "weight_cache_health_port",
                                                "weight_cache_health_host", "trust_remote_code")}}
@@ -115,7 +117,7 @@ def test_the_daemon_refuses_this_platform_before_it_loads(venv, plan, tmp_path):
     r = subprocess.run(argv, capture_output=True, text=True, env=env(), timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode != 0, out[-3000:]
-    line = next(x for x in out.splitlines() if "UnsupportedPlatformForIPCError" in x)
+    line = next(x for x in out.splitlines() if "UnsupportedPlatformForIPCError:" in x)
     assert "platform 'cpu' does not support CUDA IPC weight sharing; only CUDA and ROCm are supported" in line
     assert not any(sockets.iterdir())  # nothing bound
     assert triage_lines(out.splitlines()).signature == "weight-cache-platform"
