@@ -49,7 +49,7 @@ from specdeploy.engines.sglang_tables import (  # noqa: F401 (re-exported: the a
     WEIGHT_CACHE_QUANT_READ,
     COMPILE_CACHE_ENV,
 )
-from specdeploy.engines.weightcache import Daemon
+from specdeploy.engines.weightcache import Daemon, engine_flags
 
 # the flags among WEIGHT_CACHE_ENGINE_FLAGS that take no value
 _SWITCHES = frozenset({"--trust-remote-code", "--enable-dp-attention"})
@@ -264,14 +264,7 @@ class SGLang(EngineAdapter):
         engine = self.command(hv.model_copy(update={"specdeploy_weight_cache": "off"}), None, rank)
         args = engine.argv[3:]
         argv = ["python", "-m", "sglang.srt.weight_cache.daemon"]
-        i = 0
-        while i < len(args):
-            flag = args[i].split("=", 1)[0]
-            takes = flag not in _SWITCHES and "=" not in args[i] and i + 1 < len(args) \
-                and not args[i + 1].startswith("--")
-            if flag in WEIGHT_CACHE_ENGINE_FLAGS:
-                argv += args[i:i + 2] if takes else [args[i]]
-            i += 2 if takes else 1
+        argv += engine_flags(args, WEIGHT_CACHE_ENGINE_FLAGS, _SWITCHES)
         host = url_host(rank.leader_address) if rank is not None and rank.multi_host else "127.0.0.1"
         timeout = str(hv.specdeploy_ready_timeout_s)  # the launcher's wait for every rank's ready file
         argv += ["--dist-init-method", f"tcp://{host}:{hv.specdeploy_weight_cache_port}", "--timeout", timeout,

@@ -50,7 +50,7 @@ from specdeploy.engines.vllm_tables import (  # noqa: F401 (re-exported: the ada
     WEIGHT_CACHE_QUANT_READ,
     COMPILE_CACHE_ENV,
 )
-from specdeploy.engines.weightcache import Daemon
+from specdeploy.engines.weightcache import Daemon, engine_flags
 
 # the ipc_cache loader's wait for its daemon and the handle transfer (state_timeout_s): the deploy starts the engine
 # only once its daemon is ready, so this bounds how long an engine that finds none waits before it fails
@@ -241,14 +241,7 @@ class VLLM(EngineAdapter):
         engine = self.command(hv.model_copy(update={"specdeploy_weight_cache": "off"}), None, rank)
         argv = ["vllm", "preload", "--model", hv.specdeploy_model_path]
         args = engine.argv[3:]
-        i = 0
-        while i < len(args):
-            flag = args[i].split("=", 1)[0]
-            takes = flag not in _SWITCHES and "=" not in args[i] and i + 1 < len(args) \
-                and not args[i + 1].startswith("--")
-            if flag in WEIGHT_CACHE_ENGINE_FLAGS:
-                argv += args[i:i + 2] if takes else [args[i]]
-            i += 2 if takes else 1
+        argv += engine_flags(args, WEIGHT_CACHE_ENGINE_FLAGS, _SWITCHES)
         if hv.specdeploy_load_format:
             argv += ["--load-format", hv.specdeploy_load_format]
         hp = hv.specdeploy_weight_cache_health_port

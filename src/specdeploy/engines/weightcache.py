@@ -284,3 +284,17 @@ class SimWeightCache:
     def watches_daemon(self, version: str) -> str | None:
         """The line an attached engine prints when its daemon dies, where the release kills the engine then."""
         return None
+
+
+def engine_flags(args: list[str], keep, switches) -> list[str]:
+    """The flags of an engine command line (``args``, after the command and the model) that are in ``keep``, each
+    with its value; ``switches`` are the flags that take none (a ``--flag=value`` carries its own)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        flag = args[i].split("=", 1)[0]
+        takes = flag not in switches and "=" not in args[i] and i + 1 < len(args) and not args[i + 1].startswith("--")
+        if flag in keep:
+            out += args[i:i + 2] if takes else [args[i]]
+        i += 2 if takes else 1
+    return out
