@@ -59,14 +59,26 @@ def http_ok(url: str, timeout: float = 5) -> bool:
     return health(url, timeout)[0]
 
 
+def pid_gone(pid: int) -> bool:
+    """The process ``pid`` has exited (gone, or a zombie its parent has not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
 def wait_url(url: str, until: float, poll_s: float = 1, clock=time.time, sleep=time.sleep,
-             probe=http_ok) -> Outcome:
-    """Poll a health check alone (a weight-cache daemon's, from its unit's ExecStartPost) until it passes or the
-    deadline ``until``."""
+             probe=http_ok, main_pid: int | None = None, gone=pid_gone) -> Outcome:
+    """Poll a health check alone (a weight-cache daemon's, from its unit's ExecStartPost) until it passes, the
+    deadline ``until`` or, with ``main_pid`` (systemd's $MAINPID for ExecStartPost), the exit of the process it
+    waits for: systemd keeps waiting for ExecStartPost after its main process died."""
     t0 = clock()
     while True:
         if probe(url):
             return Outcome(READY, url, clock() - t0, f"{url} ready")
+        if main_pid is not None and gone(main_pid):
+            return Outcome(CRASHED, url, clock() - t0, f"its main process {main_pid} exited before {url} was ready")
         now = clock()
         if now >= until:
             return Outcome(TIMEOUT, url, now - t0, f"not ready at the deadline ({url})")

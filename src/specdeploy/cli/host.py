@@ -66,8 +66,9 @@ def ready_cmd(unit: Optional[str] = typer.Option(None, "--unit", help="the engin
     if generate is not None and not model:
         error("--model", "is required with --generate", "give the served model name")
     key = os.environ.get(api_key_env) or None
-    if unit is None and generate is None:
-        o = wait_url(url, until)
+    if unit is None and generate is None:  # under systemd's ExecStartPost, MAINPID is the daemon's process
+        main_pid = os.environ.get("MAINPID", "")
+        o = wait_url(url, until, main_pid=int(main_pid) if main_pid.isdigit() and int(main_pid) > 0 else None)
     elif unit is None:
         o = generate_until(generate, model, until, key)
     else:

@@ -75,3 +75,30 @@ def test_later_slices_compare_with_the_first_baseline(tmp_path):
     # the engine restarted while Ansible started the next slice: still a crash
     o, _ = run([dict(UP, NRestarts="1", InvocationID="zzz")], slice_s=10, state_file=f, clock=clock)
     assert o.status == CRASHED
+
+
+def test_a_daemons_health_wait_ends_when_its_main_process_exits():
+    """ExecStartPost's wait (systemd keeps running it after the main process died): the daemon's exit ends it
+    at the next poll, not at the hour's deadline; a live process keeps it waiting until its health passes."""
+    from specdeploy.checks.readiness import pid_gone, wait_url
+    clock, polls = Clock(), []
+    o = wait_url("http://x/health", 4600.0, 1.0, clock, clock.sleep, probe=lambda url: polls.append(url) and False,
+                 main_pid=4242, gone=lambda pid: len(polls) >= 3)
+    assert o.status == CRASHED and "4242 exited" in o.detail and clock() - 1000 <= 3
+    clock = Clock()
+    o = wait_url("http://x/health", 4600.0, 1.0, clock, clock.sleep, probe=lambda url: clock() >= 1010,
+                 main_pid=4242, gone=lambda pid: False)
+    assert o.status == READY and clock() == 1010
+    import os
+    import subprocess
+    assert not pid_gone(os.getpid())
+    p = subprocess.Popen(["true"])
+    p.wait()
+    assert pid_gone(p.pid)
+    z = subprocess.Popen(["true"])  # exited, not yet reaped: a zombie is gone too
+    import time
+    deadline = time.time() + 10
+    while time.time() < deadline and not pid_gone(z.pid):
+        time.sleep(0.05)
+    assert pid_gone(z.pid)
+    z.wait()
