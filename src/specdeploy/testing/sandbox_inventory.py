@@ -87,6 +87,8 @@ def real_engine_vars(version: str, target: str = "deepseek_v3") -> dict:
         "specdeploy_engine_env": {**realengine.env(version, realengine.uses_mla(model)),
                                   "TORCH_COMPILE_DISABLE": "1"},
         "specdeploy_router": "none",
+        # the CPU build shares no weights between processes (UnsupportedPlatformForIPCError): no daemon
+        "specdeploy_weight_cache": "off",
     }
 
 
