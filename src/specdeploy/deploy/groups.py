@@ -16,6 +16,10 @@ def fleet_groups(hostvars, hosts) -> dict[str, dict]:
     from specdeploy.topology import mates, start_order
     members, ranks = all_ranks(hostvars, list(hosts))
     by_name = {m.name: m for m in members}
+    by_group: dict[str, list[str]] = {}  # a serving group's hosts, in inventory order (a pd group: every instance)
+    for m in members:
+        if m.name in ranks:
+            by_group.setdefault(ranks[m.name].group, []).append(m.name)
     out: dict[str, dict] = {}
     for m in members:
         group = mates(m.name, ranks)
@@ -24,6 +28,7 @@ def fleet_groups(hostvars, hosts) -> dict[str, dict]:
         r = ranks.get(m.name)
         out[m.name] = {
             "name": r.group if r is not None else m.name, "mates": group, "leader": leader.name,
+            "members": by_group[r.group] if r is not None else [m.name],
             "url": f"http://{url_host(m.address)}:{m.hv.specdeploy_port}",  # as a router lists the worker
             "local_url": f"http://127.0.0.1:{m.hv.specdeploy_port}",  # as the host itself reaches its engine
             "leader_url": f"http://{url_host(leader.address)}:{leader.hv.specdeploy_port}",

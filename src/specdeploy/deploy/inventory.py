@@ -47,8 +47,9 @@ def address(v: dict, host: str) -> str:
 def rank_of(host, v, hv, hostvars, hosts, variables=None):
     """The host's rank in its serving group, resolved from the group's hosts (``hosts``: the engine group, in
     inventory order) as ``specdeploy plan`` resolves it. ``variables`` (the host's Ansible variables): where they
-    hold the deploy's serving groups (``deploy_groups``, computed once per run), only the host's mates are read;
-    otherwise every engine host's group is (quadratic over a fleet when each host asks)."""
+    hold the deploy's serving groups (``deploy_groups``, computed once per run), only the hosts of the host's
+    serving group are read (all of them: a pd group's instances move alone but are checked together); otherwise
+    every engine host's group is (quadratic over a fleet when each host asks)."""
     from specdeploy.topology import Member, resolve
     members = []
     for h in _candidates(host, hv, hostvars, hosts, variables):
@@ -66,7 +67,8 @@ def _candidates(host, hv, hostvars, hosts, variables) -> list:
     hosts = list(hosts)
     try:
         known = variables.get("deploy_groups") if variables is not None else None
-        mates = [str(m) for m in known[host]["mates"]] if known is not None and host in known else None
+        group = known[host] if known is not None and host in known else None
+        mates = [str(m) for m in group.get("members", group["mates"])] if group is not None else None
     except (KeyError, TypeError, AttributeError):
         mates = None
     if not mates or host not in mates:

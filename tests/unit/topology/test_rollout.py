@@ -159,3 +159,24 @@ def test_a_hosts_rank_reads_only_its_mates_once_the_deploy_knows_the_groups(tmp_
     walk = _Counting(loaded.all_vars)
     f.specdeploy_plan(loaded.all_vars["g1h1"], "g1h1", None, walk, hosts)
     assert len(set(walk.read)) == len(hosts) - 1  # without deploy_groups: every other host (the old way)
+
+
+def test_a_pd_instances_plan_in_the_deploy_checks_its_whole_group(tmp_path):
+    """A pd group's instances move alone (each its own mates) but the group is checked whole: with the run's
+    deploy_groups each instance's plan still sees the group's prefill and decode hosts (an instance that saw only
+    itself was refused for lacking the other role) and equals the plan without them."""
+    pd = {"specdeploy_topology": "pd", "specdeploy_group": "pd1", "specdeploy_router": "sglang-router"}
+    path = write_inventory(tmp_path, {"pre": ({**pd, "specdeploy_pd_role": "prefill"}, ["p1"]),
+                                      "dec": ({**pd, "specdeploy_pd_role": "decode"}, ["d1", "d2"])},
+                           {"specdeploy_engine": "sglang", "specdeploy_engine_version": "0.5.23"})
+    loaded = inv_mod.load(str(path))
+    f = _filters()
+    hosts = [h.name for h in loaded.engine_hosts]
+    groups = f.specdeploy_groups(loaded.all_vars, hosts)
+    assert [groups[h]["mates"] for h in hosts] == [[h] for h in hosts]
+    assert all(groups[h]["members"] == ["p1", "d1", "d2"] for h in hosts)
+    for h in hosts:
+        counting = _Counting(loaded.all_vars)
+        got = f.specdeploy_plan({**loaded.all_vars[h], "deploy_groups": groups}, h, None, counting, hosts)
+        assert got == f.specdeploy_plan(loaded.all_vars[h], h, None, loaded.all_vars, hosts)
+        assert set(counting.read) == set(hosts) - {h}
