@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -192,6 +193,29 @@ class HostRow:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+
+def _fork_noise(unraisable) -> bool:
+    """CPython 3.11's forked child, on its way to exec ansible-playbook, may report a lock another thread held at
+    the fork as "Exception ignored ... RuntimeError: release unlocked lock" (the runner forks its pty while the
+    progress poller runs): noise in the child, not an error of the run."""
+    exc = unraisable.exc_value
+    return isinstance(exc, RuntimeError) and str(exc) == "release unlocked lock" and \
+        getattr(unraisable.object, "__name__", "") == "release"
+
+
+def quiet_fork_noise() -> None:
+    """Drop that one report (every other unraisable exception still goes to the hook there was)."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_specdeploy_fork_noise", False):
+        return
+
+    def hook(unraisable):
+        if not _fork_noise(unraisable):
+            previous(unraisable)
+    hook._specdeploy_fork_noise = True
+    sys.unraisablehook = hook
 
 
 class Run:
@@ -415,6 +439,7 @@ def run_playbook(run: Run, playbook: str, inventory: str, limit: str | None, ext
         for f in extra_files or []:
             vault_args += ["-e", f"@{f}"]
         private_dir(tmp / "runner")
+        quiet_fork_noise()
         poller = threading.Thread(target=run.poll_load, daemon=True)
         poller.start()
         thread, runner = ansible_runner.run_async(

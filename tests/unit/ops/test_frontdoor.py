@@ -550,3 +550,26 @@ def test_status_reads_a_serving_group_from_its_leader_and_shows_each_rank(tmp_pa
         assert not alone["reachable"] and "leader lead is not in the selection" in alone["error"]
     finally:
         stop(*procs)
+
+
+def test_the_forked_childs_lock_noise_is_dropped_and_every_other_unraisable_kept(monkeypatch):
+    """The runner's fork (its pty, while the progress poller runs) may make CPython 3.11's child report
+    "Exception ignored in: <built-in method release ...> RuntimeError: release unlocked lock": that one report
+    is dropped; any other unraisable exception, and the same error from another object, still reaches the hook."""
+    import sys
+    import threading
+    from specdeploy.ops import runner
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append((type(u.exc_value), str(u.exc_value))))
+    runner.quiet_fork_noise()
+    runner.quiet_fork_noise()  # once is enough: a second call does not wrap the hook again
+    assert sys.unraisablehook.__closure__ is not None
+
+    class U:
+        def __init__(self, exc, obj):
+            self.exc_value, self.object = exc, obj
+    lock = threading.Lock()
+    sys.unraisablehook(U(RuntimeError("release unlocked lock"), lock.release))
+    sys.unraisablehook(U(RuntimeError("release unlocked lock"), object()))
+    sys.unraisablehook(U(ValueError("x"), lock.release))
+    assert seen == [(RuntimeError, "release unlocked lock"), (ValueError, "x")]
