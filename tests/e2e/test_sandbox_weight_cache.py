@@ -103,7 +103,9 @@ def test_the_gate_loads_the_weights_once_and_its_engines_attach(inv):
     # the gate's baseline and its speculative engine each restart only the engine
     assert len(re.findall(rf"RESTART {HOST}: only the engine restarts and attaches", out)) == 2
     loaded = float(re.search(rf"WEIGHT CACHE {HOST}: {DAEMON}\.service loaded the weights in ([\d.]+) s", out)[1])
-    assert loaded >= 0.7 * LOAD_S
+    # the wait is timed from its own start, a task after the daemon's: on a busy controller a second or two of the
+    # daemon's 0.7 * LOAD_S go unseen, while an attach takes 0.3 * LOAD_S
+    assert loaded >= 0.5 * LOAD_S
     assert len(engine_attaches(out)) == 3 and max(engine_attaches(out)) < loaded
     s = daemon_state()
     assert s["ActiveState"] == "active"
