@@ -343,6 +343,21 @@ def variants() -> list[Variant]:
     return out
 
 
+def suite_slice(vs: list[Variant] | None = None) -> list[Variant]:
+    """The test suite's share of the sweep: every edit once, on the targets it was generated for in turn (edit i
+    on its (i mod n)-th target), and the good pair on every target. Every edit's rule and every target class is
+    compared on each run, in about a third of the engine's time; the whole sweep is ``main`` (python -m
+    specdeploy.testing.drafter_variants VERSION --venv VENV)."""
+    vs = variants() if vs is None else vs
+    by_edit: dict[str, list[Variant]] = {}
+    for v in vs:
+        by_edit.setdefault(v.name.partition("@")[0], []).append(v)
+    keep = {v.name for v in vs if v.name.partition("@")[0] == "good"}
+    for i, (_, cands) in enumerate(by_edit.items()):
+        keep.add(cands[i % len(cands)].name)
+    return [v for v in vs if v.name in keep]
+
+
 # --- the two verdicts ---------------------------------------------------------------------------------------
 LOAD = ("target", "config", "names", "shapes", "missing", "d2t")
 

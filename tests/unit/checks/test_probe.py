@@ -153,10 +153,13 @@ def test_a_target_class_without_eagle3_support(tmp_path):
 @realengine
 @pytest.mark.parametrize("version", ["0.16.0", "0.32.0"])
 def test_the_doctor_agrees_with_the_engine(tmp_path, version):
-    """Every generated variant, one engine process per release: the doctor's load verdict (target, config, tensor
-    names, shapes, missing parameters, d2t) and the aux layers it predicts equal the engine's."""
-    vs = dv.variants()
-    assert len(vs) >= 200
+    """The suite's slice of the generated variants (every edit once, the good pair on every target class), one
+    engine process per release: the doctor's load verdict (target, config, tensor names, shapes, missing
+    parameters, d2t) and the aux layers it predicts equal the engine's. The whole sweep (over 200 variants):
+    python -m specdeploy.testing.drafter_variants VERSION --venv VENV (bench/README.md)."""
+    vs = dv.suite_slice()
+    assert len({v.name.partition("@")[0] for v in vs}) == len(dv.EDITS)
+    assert {v.target for v in vs} == {v.target for v in dv.variants()}
     res, seconds = dv.compare(tmp_path, version, str(Path(_venv(version)) / "bin" / "python"), vs)
     bad = [f"{o.name}: doctor {sorted(o.doctor)} probe {sorted(o.probe)} taps {o.doctor_taps} / {o.probe_taps}"
            for o in res if not o.agree]
@@ -187,3 +190,11 @@ def test_preflight_probe_reports_what_the_engine_rejects(repo, tmp_path):
     r = next(iter(reports.values()))
     subjects = {f.subject for f in r.findings if f.severity == "error"}
     assert "probe tensor names" in subjects and "drafter tensor names" in subjects  # both, the engine's and ours
+
+
+def test_the_suites_slice_of_the_variants_covers_every_edit_and_target_class():
+    vs, part = dv.variants(), dv.suite_slice()
+    assert [v.name for v in part] == [v.name for v in dv.suite_slice()] and len(part) < len(vs) // 2  # one slice
+    assert {v.name.partition("@")[0] for v in part} == set(dv.EDITS)
+    assert {v.target for v in part} == {v.target for v in vs}
+    assert {v.name for v in part} >= {v.name for v in vs if v.name.startswith("good@")}
