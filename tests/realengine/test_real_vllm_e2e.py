@@ -240,7 +240,7 @@ def test_gate_disables_the_random_drafter(baseline, good, random_drafter):
 
 
 def test_kill_9_is_killed(random_drafter):
-    assert random_drafter.kill() == -9
+    assert random_drafter.kill(timeout=10) == -9  # its engine core outlives it: killed after 10 s, not 60
     assert random_drafter.unit_log.read_text().startswith(
         "specdeploy-vllm.service: Main process exited, code=killed, status=9/KILL\n")
     res = triage(random_drafter.log, random_drafter.unit_log)
