@@ -195,7 +195,6 @@ class HostRow:
         return asdict(self)
 
 
-
 def _fork_noise(unraisable) -> bool:
     """CPython 3.11's forked child, on its way to exec ansible-playbook, may report a lock another thread held at
     the fork as "Exception ignored ... RuntimeError: release unlocked lock" (the runner forks its pty while the
