@@ -67,14 +67,13 @@ def _candidates(host, hv, hostvars, hosts, variables) -> list:
     hosts = list(hosts)
     try:
         known = variables.get("deploy_groups") if variables is not None else None
-        group = known[host] if known is not None and host in known else None
-        mates = [str(m) for m in group.get("members", group["mates"])] if group is not None else None
+        members = [str(m) for m in known[host]["members"]] if known is not None and host in known else None
     except (KeyError, TypeError, AttributeError):
-        mates = None
-    if not mates or host not in mates:
+        members = None
+    if not members or host not in members:
         return hosts
     where = {h: i for i, h in enumerate(hosts)}
-    return sorted((m for m in mates if m in where), key=where.__getitem__)
+    return sorted((m for m in members if m in where), key=where.__getitem__)
 
 
 def all_ranks(hostvars, hosts):
