@@ -526,10 +526,17 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
                k: int = typer.Option(3, "--k", min=0, help="draft tokens per step"),
                out: Path = typer.Option(Path("report.png"), "--out", help="the PNG to write (only an earlier report "
                                         "is replaced)"),
+               by: str = typer.Option("auto", "--by", help="one line per host, serving group or release (auto: "
+                                      "per host up to 12 hosts, else per release)"),
+               host: Optional[List[str]] = typer.Option(None, "--host", help="only this host (repeat for more)"),
+               group: Optional[List[str]] = typer.Option(None, "--group", help="only this serving group's hosts"),
+               release: Optional[List[str]] = typer.Option(None, "--release", help="only the hosts on this release"),
                as_json: bool = Json, vault_id: Optional[List[str]] = VaultIds,
                vault_password_file: Optional[List[str]] = VaultPasswordFiles):
-    """Key dashboard panels as a PNG from Prometheus: acceptance length, speedup, tokens/s, all-reduce share."""
-    from specdeploy.hostvars.argcheck import duration
+    """Key dashboard panels as a PNG from Prometheus: acceptance length, speedup, tokens/s, all-reduce share; per
+    host, or for a fleet per serving group or release, drilling down with --host, --group and --release."""
+    from specdeploy.hostvars.argcheck import duration, label_values
+    from specdeploy.speculation.report import BY
     from specdeploy.ops.fleet import targets
     from specdeploy.ops.status import prometheus_urls
     from specdeploy.speculation.report import render
@@ -540,6 +547,13 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
     if layers < 1 or k < 1:
         error("--layers" if layers < 1 else "--k", f"{layers if layers < 1 else k} is not a positive count",
               "give a count of at least 1")
+    if by not in BY:
+        error("--by", f"{by!r} is not a way to group the lines", f"give one of {', '.join(BY)}")
+    try:
+        select = {"host": label_values(host, "--host"), "group": label_values(group, "--group"),
+                  "release": label_values(release, "--release")}
+    except SpecdeployError as exc:
+        fail(exc)
     if not prometheus and not inventory:
         error("--prometheus", "no Prometheus given", "give --prometheus URL or -i INVENTORY (its monitoring host)")
     from specdeploy.values.outputs import check_png
@@ -568,7 +582,7 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
     errors = []
     for url in urls:
         try:
-            res = render(url, out, secs, nccl_data, layers, k)
+            res = render(url, out, secs, nccl_data, layers, k, by=by, select=select)
             break
         except SpecdeployError as exc:
             fail(exc)
@@ -577,4 +591,5 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
     else:
         error("--prometheus", f"cannot query {'; '.join(errors) or 'no Prometheus'}",
               "check the monitoring host is up")
-    print(json.dumps(res, indent=2) if as_json else f"wrote {safe(res['png'])} from {safe(res['prometheus'])}")
+    print(json.dumps(res, indent=2) if as_json else f"wrote {safe(res['png'])} from {safe(res['prometheus'])}: "
+          f"{res['hosts']} hosts, one line per {res['by']}")

@@ -162,15 +162,17 @@ def specdeploy_rollout(hostvars, hosts, order):
 
 
 def specdeploy_targets(hostvars, hosts):
-    """Scrape targets for the engine hosts, from their validated variables; the ranks of a serving group that
-    serve no HTTP (its headless ranks) have no engine or exporter target."""
+    """Scrape targets for the engine hosts, from their validated variables, each labelled with its serving group;
+    the ranks of a serving group that serve no HTTP (its headless ranks) have no engine or exporter target."""
     members, ranks = all_ranks(hostvars, list(hosts))
     out = []
     for m in members:
         r = ranks.get(m.name)
         out.append({"host": m.name, "address": m.address, "engine": m.hv.specdeploy_engine,
                     "engine_port": m.hv.specdeploy_port, "exporter_port": m.hv.specdeploy_exporter_port,
-                    "serves": r is None or r.leader, "group": r.group if r is not None else ""})
+                    "serves": r is None or r.leader,
+                    # a host that serves alone is its own serving group: the dashboard aggregates per group
+                    "group": r.group if r is not None else m.name})
     return out
 
 

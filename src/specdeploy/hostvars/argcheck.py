@@ -120,3 +120,17 @@ def duration(value: str, option: str) -> float:
     if total <= 0:
         raise _err(option, f"'{value}' is no time at all", "give a duration above zero, such as 30m or 1h")
     return total
+
+
+def label_values(values: list[str] | None, option: str, limit: int = 256) -> list[str]:
+    """Values of a Prometheus label asked for on the command line (a host, serving group or release to drill down
+    to): printable text of at most 253 characters each, at most ``limit`` of them. They are matched exactly."""
+    out = []
+    for v in values or []:
+        if not v or len(v) > 253 or not v.isprintable():
+            raise _err(option, f"{v[:40]!r} is not a label value", "give a name as the inventory or "
+                       "`specdeploy status` shows it (printable, at most 253 characters)")
+        out.append(v)
+    if len(out) > limit:
+        raise _err(option, f"{len(out)} values given", f"give at most {limit}; a release or group selects many hosts")
+    return out

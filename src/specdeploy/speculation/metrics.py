@@ -122,3 +122,45 @@ Q_AL_VS_GATE = ("specdeploy_spec_acceptance_length / on (host) "
 # engine outages Prometheus saw in a day (up dropping to 0): engine-independent, and neither engine's multiprocess
 # metrics mode exports a process start time; a restart quicker than one scrape interval is not seen
 Q_RESTARTS = 'sum by (host) (resets(up{job="specdeploy_engine"}[1d]))'
+
+
+# The fleet's view. Every query above gives one series per host (and per concurrency or rank where it says so); a
+# fleet reads them per serving group and per release. The release is a label of the exporter's info (the deployed
+# release mark, read at scrape time), the serving group a label of every scrape target (a host that serves alone is
+# its own group). Both are joined in by host, so any per-host expression aggregates the same way.
+INFO = "specdeploy_engine_info"
+FLEET_KEYS = ("group", "release")
+
+
+def per(expr: str, key: str, agg: str = "avg", keep: tuple[str, ...] = ()) -> str:
+    """``expr`` (series with a host label) as ``agg`` per ``key`` ("host" returns it unchanged); ``keep`` names
+    labels of ``expr`` that stay apart (concurrency, routing)."""
+    if key == "host":
+        return expr
+    if key not in FLEET_KEYS or agg not in ("avg", "min", "max", "sum", "count"):
+        raise ValueError(f"cannot aggregate {agg} per {key}")
+    by = ", ".join((key, *keep))
+    return f"{agg} by ({by}) (({expr}) * on (host) group_left ({key}) max by (host, {key}) ({INFO}))"
+
+
+def only(expr: str, selector: str) -> str:
+    """``expr`` for the hosts whose info matches ``selector`` (PromQL label matchers, '' for every host)."""
+    return f"({expr}) and on (host) max by (host) ({INFO}{{{selector}}})" if selector else expr
+
+
+def promql_string(value: str) -> str:
+    """A double-quoted PromQL string literal holding ``value`` exactly."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def matchers(**values: list[str]) -> str:
+    """Label matchers selecting hosts whose label equals one of the given values, per label (exact, not a
+    pattern: every value is escaped); '' where nothing is asked."""
+    import re
+    out = []
+    for label, vals in values.items():
+        if vals:
+            alts = "|".join(re.escape(v) for v in vals)
+            out.append(f"{label}=~{promql_string(alts)}")
+    return ", ".join(out)
+

@@ -32,11 +32,52 @@ def render_rules(**overrides) -> str:
 
 
 R = "$__rate_interval"
+# the dashboard's drill-down: its release, serving group and host variables ("All" is .*) select the hosts every
+# panel shows; the per-host panels keep only the selected hosts' series, the fleet panels aggregate over them
+VARIABLES = ("release", "group", "host")
+SELECTED = ", ".join(f'{v}=~"${v}"' for v in VARIABLES)
+# the scrape targets of the host-side exporters (node, DCGM) carry host and group but not the release
+SELECTED_GPU = 'group=~"$group", host=~"$host"'
+WORST = 10  # the per-group panels show the lowest groups: a fleet of a thousand hosts has a hundred groups
+
+
+def _hosts(expr: str) -> str:
+    return M.only(expr, SELECTED)
+
+
+def fleet_panels() -> list[tuple[str, str, str, list[tuple[str, str]]]]:
+    """The fleet's row: the per-host figures per release and per serving group, over the selected hosts."""
+    sec = "Fleet: per release and per serving group"
+    al, up = _hosts("specdeploy_spec_acceptance_length"), _hosts("specdeploy_engine_up")
+    tokens, speedup = _hosts(M.q_tokens_per_s(R)), _hosts("specdeploy:spec_predicted_speedup")
+    return [
+        (sec, "Engines serving and down, per release", "short",
+         [("{{release}} serving", M.per(up, "release", "sum")),
+          ("{{release}} down", M.per(_hosts("1 - specdeploy_engine_up"), "release", "sum")),
+          ("exporters unreachable", f'sum(1 - up{{job="specdeploy_exporter", {SELECTED_GPU}}})')]),
+        (sec, "Acceptance length per release: mean, lowest and highest host", "none",
+         [("{{release}} mean", M.per(al, "release")), ("{{release}} lowest", M.per(al, "release", "min")),
+          ("{{release}} highest", M.per(al, "release", "max"))]),
+        (sec, f"Acceptance length, the {WORST} lowest serving groups (mean over their hosts)", "none",
+         [("{{group}}", f"bottomk({WORST}, {M.per(al, 'group')})")]),
+        (sec, "Speedup now per release (live acceptance / the gate's step ratio), mean and lowest", "none",
+         [("{{release}} mean", M.per(speedup, "release")), ("{{release}} lowest", M.per(speedup, "release", "min")),
+          ("break-even", "vector(1)")]),
+        (sec, "Hosts below break-even now, per release", "short",
+         [("{{release}}", M.per(_hosts("specdeploy:spec_predicted_speedup < bool 1"), "release", "sum"))]),
+        (sec, "Output tokens/s per release", "short", [("{{release}}", M.per(tokens, "release", "sum"))]),
+        (sec, f"Output tokens/s, the {WORST} lowest serving groups", "short",
+         [("{{group}}", f"bottomk({WORST}, {M.per(tokens, 'group', 'sum')})")]),
+        (sec, "Ranks not joined to their leader, per serving group (above 0: the group cannot serve)", "short",
+         [("{{group}}", f"sum by (group) ({_hosts('1 - specdeploy_group_rank_joined')})")]),
+    ]
 
 
 def panels() -> list[tuple[str, str, str, list[tuple[str, str]]]]:
-    """(section, title, unit, [(legend, expr), ...]); serving queries cover every registered engine."""
-    return [
+    """(section, title, unit, [(legend, expr), ...]); serving queries cover every registered engine. The fleet's
+    row first, then the per-host panels (drill down with the release, group and host variables)."""
+    gpu = SELECTED_GPU
+    per_host = [
         ("Speculative decoding", "Draft acceptance rate", "percentunit",
          [("{{host}}", "specdeploy_spec_acceptance_rate")]),
         ("Speculative decoding", "Acceptance length (bonus token included)", "none",
@@ -77,9 +118,13 @@ def panels() -> list[tuple[str, str, str, list[tuple[str, str]]]]:
         ("Restarts", "Engine start: attached vs the daemon's last full load", "s",
          [("{{host}} engine ({{how}})", "specdeploy_engine_start_seconds"),
           ("{{host}} daemon full load", "specdeploy_weight_cache_load_seconds")]),
-        ("GPU (DCGM)", "GPU utilization", "percent", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_GPU_UTIL")]),
-        ("GPU (DCGM)", "GPU memory used", "mbytes", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_FB_USED")]),
-        ("GPU (DCGM)", "GPU power", "watt", [("{{host}} gpu {{gpu}}", "DCGM_FI_DEV_POWER_USAGE")]),
+    ]
+    per_host = [(sec, title, unit, [(legend, expr if expr.startswith("vector(") else _hosts(expr))
+                                    for legend, expr in targets]) for sec, title, unit, targets in per_host]
+    return fleet_panels() + per_host + [
+        ("GPU (DCGM)", "GPU utilization", "percent", [("{{host}} gpu {{gpu}}", f"DCGM_FI_DEV_GPU_UTIL{{{gpu}}}")]),
+        ("GPU (DCGM)", "GPU memory used", "mbytes", [("{{host}} gpu {{gpu}}", f"DCGM_FI_DEV_FB_USED{{{gpu}}}")]),
+        ("GPU (DCGM)", "GPU power", "watt", [("{{host}} gpu {{gpu}}", f"DCGM_FI_DEV_POWER_USAGE{{{gpu}}}")]),
     ]
 
 
@@ -89,12 +134,19 @@ def dashboard() -> dict:
     from grafana_foundation_sdk.builders import prometheus as gp
     from grafana_foundation_sdk.builders import timeseries as gt
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
-    from grafana_foundation_sdk.models.dashboard import DataSourceRef
+    from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh, VariableSort
 
     ds = DataSourceRef(type_val="prometheus", uid="${datasource}")
     b = (gd.Dashboard("specdeploy: speculative decoding").uid("specdeploy-spec").tags(["specdeploy", *engine_names()])
          .editable().refresh("30s").time("now-1h", "now").version(1)
          .with_variable(gd.DatasourceVariable("datasource").label("Prometheus").type("prometheus")))
+    for name, label, query in (
+            ("release", "Release", f"label_values({M.INFO}, release)"),
+            ("group", "Serving group", f'label_values({M.INFO}{{release=~"$release"}}, group)'),
+            ("host", "Host", f'label_values({M.INFO}{{release=~"$release", group=~"$group"}}, host)')):
+        b = b.with_variable(gd.QueryVariable(name).label(label).query(query).datasource(ds).multi(True)
+                            .include_all(True).all_value(".*").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+                            .sort(VariableSort.ALPHABETICAL_ASC))
     section, pid = None, 0
     for sec, title, unit, targets in panels():
         if sec != section:
@@ -114,10 +166,15 @@ def dashboard_json() -> str:
     return json.dumps(dashboard(), indent=2) + "\n"
 
 
-def panel_queries(rate_interval: str = "1m") -> list[tuple[str, str]]:
-    """(panel title, PromQL) with Grafana's $__rate_interval replaced, for evaluation against Prometheus."""
-    return [(title, expr.replace(R, rate_interval)) for _, title, _, targets in panels()
-            for _, expr in targets]
+def panel_queries(rate_interval: str = "1m", **selected: str) -> list[tuple[str, str]]:
+    """(panel title, PromQL) with Grafana's $__rate_interval replaced, and each drill-down variable by the regex
+    given for it (Grafana's "All", .*, where none is), for evaluation against Prometheus."""
+    def fill(expr: str) -> str:
+        expr = expr.replace(R, rate_interval)
+        for v in VARIABLES:
+            expr = expr.replace(f"${v}", selected.get(v, ".*"))
+        return expr
+    return [(title, fill(expr)) for _, title, _, targets in panels() for _, expr in targets]
 
 
 def grafana_datasource(prometheus_url: str) -> str:

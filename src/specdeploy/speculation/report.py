@@ -5,6 +5,11 @@ No engine exports its all-reduce time. The share is estimated from what is measu
 latency at the running batch (``specdeploy nccl tune`` result) x 2 all-reduces per layer (attention and MoE
 outputs under tensor parallelism), over the decode step time (mean inter-token latency x acceptance length).
 Without a NCCL result the panel says so instead of guessing.
+
+A fleet is read per release or per serving group (``by``): acceptance length as the mean over the hosts with the
+lowest and highest host as a band, the gate's speedup as the mean per concurrency, tokens/s summed. The aggregation
+runs in Prometheus (``metrics.per``), so a thousand hosts cost the same few series as one. ``select`` drills down to
+some hosts, groups or releases; ``by="auto"`` draws one line per host up to ``HOST_LINES`` selected hosts.
 """
 from __future__ import annotations
 
@@ -15,9 +20,16 @@ from pathlib import Path
 from specdeploy.speculation import metrics as M
 
 
-def query_range(base: str, q: str, start: float, end: float, step: float, timeout: float = 10) -> dict[str, list]:
-    """{legend: [(t, v), ...]} with the legend built from host (and concurrency) labels. Prometheus is an untrusted
-    peer: read through peerhttp (total deadline, size cap), and anything but a matrix answer is a PeerError."""
+HOST_LINES = 12  # "auto" draws one line per host up to this many hosts, else one per release
+LEGEND_LINES = 12
+BY = ("auto", "host", "group", "release")
+
+
+def query_range(base: str, q: str, start: float, end: float, step: float, timeout: float = 10,
+                label: str = "host") -> dict[str, list]:
+    """{legend: [(t, v), ...]} with the legend built from the ``label`` (host, group or release) and concurrency
+    labels. Prometheus is an untrusted peer: read through peerhttp (total deadline, size cap), and anything but a
+    matrix answer is a PeerError."""
     from specdeploy.values.peerhttp import PeerError, json_object
     url = f"{base.rstrip('/')}/api/v1/query_range?" + urllib.parse.urlencode(
         {"query": q, "start": start, "end": end, "step": step})
@@ -31,7 +43,7 @@ def query_range(base: str, q: str, start: float, end: float, step: float, timeou
     try:
         for r in result:
             m = r["metric"]
-            name = str(m.get("host", "?")) + (f" c={m['concurrency']}" if "concurrency" in m else "")
+            name = str(m.get(label, "?") or "?") + (f" c={m['concurrency']}" if "concurrency" in m else "")
             pts = [(float(t), float(v)) for t, v in r["values"] if v not in ("NaN", "+Inf", "-Inf")]
             if pts:
                 out[name] = pts
@@ -79,45 +91,91 @@ def allreduce_share(itl: dict, al: dict, running: dict, nccl: dict, layers: int,
     return out
 
 
+def hosts_seen(base: str, selector: str, start: float, end: float, step: float) -> int:
+    """How many hosts' exporters matching ``selector`` Prometheus saw in the range (at most at one time)."""
+    res = query_range(base, f"count(max by (host) ({M.INFO}{{{selector}}}))", start, end, step, label="none")
+    return int(max((v for pts in res.values() for _, v in pts), default=0))
+
+
 def render(base: str, out: Path, range_s: float = 3600, nccl: dict | None = None, layers: int = 61, k: int = 3,
-           now: float | None = None) -> dict:
+           now: float | None = None, by: str = "auto", select: dict[str, list[str]] | None = None) -> dict:
+    if by not in BY:
+        raise ValueError(f"by {by!r}: one of {', '.join(BY)}")
     end = now or time.time()
     start, step = end - range_s, max(1.0, range_s / 240)
     r = "1m" if range_s >= 600 else "15s"
+    selector = M.matchers(**(select or {}))
+    hosts = hosts_seen(base, selector, start, end, step)
+    if by == "auto":
+        by = "host" if hosts <= HOST_LINES else "release"
+
+    def q(expr: str, agg: str = "avg", keep: tuple[str, ...] = ()) -> dict[str, list]:
+        return query_range(base, M.per(M.only(expr, selector), by, agg, keep), start, end, step, label=by)
+
     data = {
-        "acceptance": query_range(base, "specdeploy_spec_acceptance_length", start, end, step),
-        "speedup": query_range(base, "specdeploy_gate_speedup", start, end, step),
-        "tokens": query_range(base, M.q_tokens_per_s(r), start, end, step),
+        "acceptance": q("specdeploy_spec_acceptance_length"),
+        "speedup": q("specdeploy_gate_speedup", keep=("concurrency",)),
+        "tokens": q(M.q_tokens_per_s(r), "sum"),
     }
+    bands = {}
+    if by != "host":  # the spread over each release's or group's hosts
+        bands["acceptance"] = (q("specdeploy_spec_acceptance_length", "min"),
+                               q("specdeploy_spec_acceptance_length", "max"))
     if nccl:
-        itl = query_range(base, M.q_itl_mean(r), start, end, step)
-        running = query_range(base, M.q_running(), start, end, step)
+        itl = q(M.q_itl_mean(r))
+        running = q(M.q_running())
         data["allreduce"] = allreduce_share(itl, data["acceptance"], running, nccl, layers, k)
     else:
         data["allreduce"] = {}
 
     import matplotlib
     matplotlib.use("Agg")
+    # every text as given: a label from Prometheus or the command line may hold "$", matplotlib's math mode
+    with matplotlib.rc_context({"text.parse_math": False}):
+        _draw(base, out, range_s, nccl, data, bands, by, hosts, select)
+    summary = {k: {n: pts[-1][1] for n, pts in v.items()} for k, v in data.items()}
+    return {"png": str(out), "prometheus": base, "range_s": range_s, "by": by, "hosts": hosts,
+            "selected": {label: list(v) for label, v in (select or {}).items() if v}, "last": summary}
+
+
+def _draw(base: str, out: Path, range_s: float, nccl: dict | None, data: dict, bands: dict, by: str,
+          hosts: int, select: dict | None) -> None:
+    import matplotlib
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
     from datetime import datetime, timezone
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
+    each = "" if by == "host" else f", per {by}"
     panels = [
-        (axes[0][0], "acceptance", "Acceptance length (bonus token included)", None),
-        (axes[0][1], "speedup", "Speedup vs no speculation (gate)", 1.0),
-        (axes[1][0], "tokens", "Output tokens/s", None),
-        (axes[1][1], "allreduce", "All-reduce share of decode step (estimated)", None),
+        (axes[0][0], "acceptance", "Acceptance length (bonus token included)" if by == "host" else
+         f"Acceptance length per {by}: mean, band from lowest to highest host", None),
+        (axes[0][1], "speedup", f"Speedup vs no speculation (gate){each and each + ', mean'}", 1.0),
+        (axes[1][0], "tokens", f"Output tokens/s{each and each + ', summed'}", None),
+        (axes[1][1], "allreduce", f"All-reduce share of decode step (estimated){each}", None),
     ]
+
+    def when(pts):
+        return [datetime.fromtimestamp(t, timezone.utc) for t, _ in pts]
     for ax, key, title, ref in panels:
         for name, pts in sorted(data[key].items()):
-            ax.plot([datetime.fromtimestamp(t, timezone.utc) for t, _ in pts], [v for _, v in pts], label=name)
+            (line,) = ax.plot(when(pts), [v for _, v in pts], label=name)
+            if key in bands:
+                lo, hi = (dict(b.get(name, [])) for b in bands[key])
+                span = [(t, lo[t], hi[t]) for t, _ in pts if t in lo and t in hi]
+                if span:
+                    ax.fill_between(when([(t, a) for t, a, _ in span]), [a for _, a, _ in span],
+                                    [b for _, _, b in span],
+                                    color=line.get_color(), alpha=0.2, lw=0)
         if ref is not None:
             ax.axhline(ref, color="black", lw=1, ls="--")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
         if data[key]:
-            ax.legend(fontsize=7, loc="best")
+            handles, names = ax.get_legend_handles_labels()
+            more = len(names) - LEGEND_LINES
+            ax.legend(handles[:LEGEND_LINES], names[:LEGEND_LINES], fontsize=7, loc="best",
+                      title=f"{more} more not listed" if more > 0 else None, title_fontsize=7)
         else:
             why = ("no NCCL measurement given (--nccl: a `specdeploy nccl tune` result)" if key == "allreduce"
                    and not nccl else "no data in this range")
@@ -126,12 +184,12 @@ def render(base: str, out: Path, range_s: float = 3600, nccl: dict | None = None
     for ax in axes[1]:
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M" if range_s > 900 else "%H:%M:%S"))
         ax.set_xlabel("UTC")
-    fig.suptitle(f"specdeploy report - {base} - last {int(range_s // 60)} min", fontsize=11)
+    chosen = "; ".join(f"{label} {', '.join(v)}" for label, v in (select or {}).items() if v)
+    fig.suptitle(f"specdeploy report - {base} - last {int(range_s // 60)} min - {hosts} hosts"
+                 + (f" ({chosen})" if chosen else ""), fontsize=11)
     fig.tight_layout()
     from specdeploy.values.outputs import save_png
     try:
         save_png(fig, out, "--out", "report", dpi=90)
     finally:
         plt.close(fig)
-    summary = {k: {n: pts[-1][1] for n, pts in v.items()} for k, v in data.items()}
-    return {"png": str(out), "prometheus": base, "range_s": range_s, "last": summary}

@@ -379,6 +379,16 @@ def test_report_parses_its_range_strictly(rng, words):
     assert r.returncode == 2 and "--range" in r.stderr and words in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("args, option, words", [(["--by", "rack"], "--by", "not a way to group"),
+                                                  (["--host", "a\nb"], "--host", "not a label value"),
+                                                  (["--release", "r" * 254], "--release", "not a label value")])
+def test_report_refuses_a_bad_grouping_or_drill_down(tmp_path, args, option, words):
+    r = subprocess.run([sys.executable, "-m", "specdeploy.cli", "report", "--prometheus", "http://127.0.0.1:9",
+                        "--out", str(tmp_path / "r.png"), *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and option in r.stderr and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "r.png").exists()
+
+
 def test_durations():
     from specdeploy.hostvars.argcheck import duration
     assert duration("30m", "--range") == 1800 and duration("1h30m", "--range") == 5400

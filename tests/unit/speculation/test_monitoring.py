@@ -160,11 +160,17 @@ def _query(base, q):
 def test_every_panel_returns_data_from_real_prometheus(tmp_path):
     hosts = {"vllm": "127.0.0.2", "sglang": "127.0.0.3"}
     procs, targets = [], []
-    gate = tmp_path / "gate.json"
-    gate.write_text(json.dumps({"verdict": "keep", "timestamp": time.time(),
-                                "levels": [{"concurrency": 1, "speedup": 1.4, "breakeven_al": 1.43,
-                                            "acceptance_length": 1.82, "step_ratio": 1.3,
-                                            "predicted_step_ratio": [1.25, 1.71]}]}))
+    # each host's state directory as the deploy leaves it: the gate's report and the current-release mark, which
+    # the exporter reads at scrape time (the dashboard's per-release panels join on it)
+    releases, groups = {"vllm": "rel-a", "sglang": "rel-b"}, {"vllm": "g-vllm", "sglang": "sglang-host"}
+    gates = {}
+    for engine, release in releases.items():
+        gates[engine] = tmp_path / engine / "gate" / "gate.json"
+        gates[engine].parent.mkdir(parents=True)
+        gates[engine].write_text(json.dumps({"verdict": "keep", "timestamp": time.time(), "levels": [
+            {"concurrency": 1, "speedup": 1.4, "breakeven_al": 1.43, "acceptance_length": 1.82, "step_ratio": 1.3,
+             "predicted_step_ratio": [1.25, 1.71]}]}))
+        (tmp_path / engine / "current").write_text(release + "\n")
     # ports chosen now: a real exporter (or anything) on 9400/9100 must neither clash with nor feed this test
     dcgm_port, node_port = free_port("127.0.0.2"), free_port("127.0.0.2")
     dcgm = http.server.ThreadingHTTPServer(("127.0.0.2", dcgm_port), type("D", (_Static,), {
@@ -195,11 +201,12 @@ def test_every_panel_returns_data_from_real_prometheus(tmp_path):
         for engine, addr in hosts.items():
             ep, xp = free_port(addr), free_port(addr)
             procs.append(start_sim(engine, addr, ep))
-            procs.append(start_exporter(engine, f"http://{addr}:{ep}", addr, xp, gate_file=gate,
+            procs.append(start_exporter(engine, f"http://{addr}:{ep}", addr, xp, gate_file=gates[engine],
                                         info=("spec_tokens=3",),  # the sims draft k=3, as the unit would say
                                         extra=group if engine == "vllm" else ()))
             targets.append({"host": f"{engine}-host", "address": addr, "engine": engine, "engine_port": ep,
-                            "exporter_port": xp, "dcgm_port": dcgm_port, "node_port": node_port})
+                            "exporter_port": xp, "dcgm_port": dcgm_port, "node_port": node_port,
+                            "group": groups[engine]})
         rules = tmp_path / "rules.yml"
         rules.write_text(render_rules(eval_interval="1s"))
         cfg = tmp_path / "prometheus.yml"
@@ -234,8 +241,59 @@ def test_every_panel_returns_data_from_real_prometheus(tmp_path):
         joined = {(r["metric"]["host"], r["metric"]["rank"], r["metric"]["rank_host"]): float(r["value"][1])
                   for r in _query(base, "specdeploy_group_rank_joined")["data"]["result"]}
         assert joined == {("vllm-host", "1", "rank1-host"): 1.0, ("vllm-host", "2", "rank2-host"): 0.0}
+        # the fleet's row: per release and per serving group, and a drill-down to one host keeps only its series
+        every = panel_queries("15s")
+
+        def by(title, label, queries=every):  # the panel's first query
+            q = next(q for t, q in queries if t == title)
+            return {r["metric"].get(label): float(r["value"][1]) for r in _query(base, q)["data"]["result"]}
+        assert by("Engines serving and down, per release", "release") == {"rel-a": 1.0, "rel-b": 1.0}
+        assert set(by("Acceptance length per release: mean, lowest and highest host", "release")) == {"rel-a", "rel-b"}
+        assert set(by("Acceptance length, the 10 lowest serving groups (mean over their hosts)", "group")) == {
+            "g-vllm", "sglang-host"}
+        assert by("Ranks not joined to their leader, per serving group (above 0: the group cannot serve)",
+                  "group") == {"g-vllm": 1.0}
+        one = panel_queries("15s", host="sglang-host")
+        assert set(by("Output tokens/s per release", "release", one)) == {"rel-b"}
+        assert set(by("Output tokens/s", "host", one)) == {"sglang-host"}
+        assert set(by("Output tokens/s", "host")) == {"vllm-host", "sglang-host"}
+        # DCGM answers on the vLLM host's address only; its targets carry the group, not the release
+        assert set(by("GPU utilization", "host", panel_queries("15s", group="g-vllm"))) == {"vllm-host"}
+        assert not by("GPU utilization", "host", one)
+        assert not by("Output tokens/s", "host", panel_queries("15s", release="rel-b", group="g-vllm"))
+        _report_per_release_group_and_host(base, tmp_path)
     finally:
         stop(*procs)
         dcgm.shutdown()
         rank1.close()
         rdv.close()
+
+
+def _report_per_release_group_and_host(base, tmp_path):
+    """`specdeploy report` on the same Prometheus: a fleet's lines per release or group, computed in Prometheus,
+    equal the hosts' own where each holds one host; a drill-down keeps the selected host; "auto" switches to per
+    release above its host count; a selector is matched exactly, never as PromQL."""
+    import specdeploy.speculation.report as report
+    now = time.time()
+    hosts = report.render(base, tmp_path / "hosts.png", 60, now=now, by="host")
+    rel = report.render(base, tmp_path / "rel.png", 60, now=now, by="release")
+    grp = report.render(base, tmp_path / "grp.png", 60, now=now, by="group")
+    assert hosts["hosts"] == rel["hosts"] == 2 and rel["by"] == "release"
+    for key in ("acceptance", "tokens"):
+        assert set(rel["last"][key]) == {"rel-a", "rel-b"} and set(grp["last"][key]) == {"g-vllm", "sglang-host"}
+        assert rel["last"][key]["rel-b"] == grp["last"][key]["sglang-host"] == hosts["last"][key]["sglang-host"]
+        assert rel["last"][key]["rel-a"] == hosts["last"][key]["vllm-host"]
+    assert set(rel["last"]["speedup"]) == {"rel-a c=1", "rel-b c=1"}
+    one = report.render(base, tmp_path / "one.png", 60, now=now, select={"host": ["sglang-host"]})
+    assert one["by"] == "host" and one["hosts"] == 1 and set(one["last"]["acceptance"]) == {"sglang-host"}
+    old = report.HOST_LINES
+    report.HOST_LINES = 1
+    try:
+        assert report.render(base, tmp_path / "auto.png", 60, now=now)["by"] == "release"
+    finally:
+        report.HOST_LINES = old
+    odd = report.render(base, tmp_path / "odd.png", 60, now=now,
+                        select={"host": ['sglang-host"} or vector(1) # $x', ".*"], "release": ["rel-b"]})
+    assert odd["hosts"] == 0 and not any(odd["last"].values())
+    assert (tmp_path / "odd.png").read_bytes()[:4] == b"\x89PNG"
+

@@ -72,6 +72,12 @@ def test_the_deploy_filters_give_the_group_and_skip_the_followers_scrape_targets
     followers = {"127.0.1.2:8000", "127.0.1.4:8000"}
     assert not followers & set(jobs["specdeploy_engine"]) and "127.0.1.1:8000" in jobs["specdeploy_engine"]
     assert len(jobs["node"]) == 5  # every host still has its node exporter scraped
+    # every target is labelled with its serving group (a host that serves alone is its own), so the dashboard
+    # aggregates per group and a headless rank's GPUs show under its group
+    labels = {j["job_name"]: {t["labels"]["host"]: t["labels"]["group"] for t in j["static_configs"]}
+              for j in cfg["scrape_configs"]}
+    assert labels["dcgm"]["g0h1"] == labels["dcgm"]["g0h0"] == labels["specdeploy_exporter"]["g0h0"]
+    assert labels["specdeploy_exporter"]["s0"] == "s0" and labels["dcgm"]["g0h0"] != labels["dcgm"]["g1h0"]
     _, plans, _ = plan(str(path))
     p = {h: pl for h, _, pl in plans}
     assert "/etc/systemd/system/specdeploy-exporter.service" not in p["g0h1"].files
