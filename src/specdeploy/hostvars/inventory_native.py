@@ -28,7 +28,8 @@ IGNORED_NAMES = ("host_vars", "group_vars", "vars_plugins")
 IGNORED_EXTS = (".pyc", ".pyo", ".swp", ".bak", "~", ".rpm", ".md", ".txt", ".rst", ".orig", ".cfg", ".retry")
 LOCALHOST = ("127.0.0.1", "localhost", "::1")
 LEGACY_VARS_PLUGIN_DIRS = ("~/.ansible/plugins/vars", "/usr/share/ansible/plugins/vars")
-# Ansible settings that do not change which variables a host gets
+# Ansible settings that do not change which variables a host gets: the installed release's, generated from its own
+# definitions and plugin options (hostvars.ansible_settings), and these, which earlier releases also knew
 HARMLESS_ENV = {"ANSIBLE_CONFIG", "ANSIBLE_FORCE_COLOR", "ANSIBLE_NOCOLOR", "ANSIBLE_HOST_KEY_CHECKING",
                 "ANSIBLE_STDOUT_CALLBACK", "ANSIBLE_PIPELINING", "ANSIBLE_SSH_ARGS", "ANSIBLE_SSH_PIPELINING",
                 "ANSIBLE_ROLES_PATH", "ANSIBLE_FILTER_PLUGINS", "ANSIBLE_LOCAL_TEMP", "ANSIBLE_REMOTE_TEMP",
@@ -116,7 +117,9 @@ def _fail(why: str):
 
 
 def _check_settings(cwd: Path) -> None:
-    odd = sorted(k for k in os.environ if k.startswith("ANSIBLE_") and k not in HARMLESS_ENV)
+    from specdeploy.hostvars.ansible_settings import harmless
+    ok_env, ok_ini = harmless()
+    odd = sorted(k for k in os.environ if k.startswith("ANSIBLE_") and k not in HARMLESS_ENV and k not in ok_env)
     if odd:
         _fail(f"Ansible settings in the environment: {', '.join(odd)}")
     for d in LEGACY_VARS_PLUGIN_DIRS:
@@ -135,8 +138,10 @@ def _check_settings(cwd: Path) -> None:
         for section in cp.sections():
             if section in HARMLESS_SECTIONS:
                 continue
-            if section != "defaults" or set(cp[section]) - HARMLESS_CFG:
-                _fail(f"{cfg} [{section}] has settings that may change variables")
+            odd = sorted(k for k in cp[section] if (section, k) not in ok_ini
+                         and not (section == "defaults" and k in HARMLESS_CFG))
+            if odd:
+                _fail(f"{cfg} [{section}] {', '.join(odd[:3])}: settings that may change variables")
     for d in ("group_vars", "host_vars"):
         if (cwd / d).exists():
             _fail(f"{cwd / d} (playbook-adjacent vars)")

@@ -296,6 +296,40 @@ def test_settings_and_extra_templates_fall_back(tmp_path, monkeypatch, repo):
         inventory_native.read(example, {})
 
 
+@pytest.mark.parametrize("env, native", [
+    ({"ANSIBLE_CONNECTION_PLUGINS": "/x", "ANSIBLE_SSH_RETRIES": "3", "ANSIBLE_GATHERING": "smart"}, True),
+    ({"ANSIBLE_CALLBACK_RESULT_FORMAT": "yaml", "ANSIBLE_BECOME_USER": "root"}, True),
+    ({"ANSIBLE_VARS_ENABLED": "host_group_vars,community.general.x"}, False),
+    ({"ANSIBLE_CACHE_PLUGIN": "jsonfile"}, False),  # cached facts are variables too
+    ({"ANSIBLE_INVENTORY_IGNORE": ".yml"}, False),
+    ({"ANSIBLE_NO_SUCH_SETTING_HERE": "1"}, False)])  # not a setting of this release: not trusted
+def test_only_settings_that_change_variables_send_the_reader_to_ansible(monkeypatch, repo, tmp_path, env, native):
+    """The installed ansible-core's own settings and builtin plugin options, as generated into the table
+    (hostvars.ansible_settings): connection, callback and become settings keep the native reader; inventory,
+    vars-plugin and fact-cache settings, and names the table does not hold, do not."""
+    monkeypatch.chdir(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    if native:  # and what it reads is what Ansible reads under the same settings
+        inventory_native.read(repo / "inventory/example", {})
+        assert outcome(host_variables, repo / "inventory/example") == \
+            outcome(ansible_host_variables, repo / "inventory/example")
+    else:
+        with pytest.raises(Unsupported, match=sorted(env)[0]):
+            inventory_native.read(repo / "inventory/example", {})
+
+
+def test_ansible_cfg_sections_are_read_key_by_key(monkeypatch, repo, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "ansible.cfg"
+    cfg.write_text("[defaults]\nforks = 50\n[inventory]\ninventory_unparsed_warning = False\n"
+                   "[callback_tree]\ndirectory = /tmp/t\n")
+    inventory_native.read(repo / "inventory/example", {})
+    cfg.write_text("[defaults]\nforks = 50\n[inventory]\nenable_plugins = yaml, ini\n")
+    with pytest.raises(Unsupported, match="enable_plugins"):
+        inventory_native.read(repo / "inventory/example", {})
+
+
 def test_the_repository_ansible_cfg_keeps_the_native_reader(repo, monkeypatch):
     monkeypatch.chdir(repo)
     inventory_native.read(repo / "inventory/example", {})
