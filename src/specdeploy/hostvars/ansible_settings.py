@@ -132,6 +132,7 @@ def generate(ansible_dir: Path, version: str) -> dict:
             "variable_env": sorted(var_env), "variable_ini": sorted(var_ini)}
 
 
+@lru_cache(maxsize=1)
 def installed() -> dict:
     """The table for the ansible-core installed beside this Python."""
     import importlib.metadata

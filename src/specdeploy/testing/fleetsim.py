@@ -192,11 +192,15 @@ class Exporters:
     (answers after ``slow_s``), ``garbage``, ``down`` (the engine is down) or a release id; the rest serve
     ``release``. Only clients on the loopback range are answered. Counts the most requests in flight at once."""
 
-    def __init__(self, behaviour: dict[str, str] | None = None, release: str = "r1", slow_s: float = 5.0):
+    def __init__(self, behaviour: dict[str, str] | None = None, release: str = "r1", slow_s: float = 5.0,
+                 page=None):
+        """``page``: a function of the address that gives the whole page instead (bench/fleet_report.py)."""
         import http.server
         import socketserver
         import threading
         self.behaviour, self.release, self.slow_s = dict(behaviour or {}), release, slow_s
+        if page is not None:
+            self.page = page
         self.lock, self.inflight, self.peak, self.asked = threading.Lock(), 0, 0, set()
         outer = self
 
