@@ -134,7 +134,7 @@ def dashboard() -> dict:
     from grafana_foundation_sdk.builders import prometheus as gp
     from grafana_foundation_sdk.builders import timeseries as gt
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
-    from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh, VariableSort
+    from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableOption, VariableRefresh, VariableSort
 
     ds = DataSourceRef(type_val="prometheus", uid="${datasource}")
     b = (gd.Dashboard("specdeploy: speculative decoding").uid("specdeploy-spec").tags(["specdeploy", *engine_names()])
@@ -146,6 +146,7 @@ def dashboard() -> dict:
             ("host", "Host", f'label_values({M.INFO}{{release=~"$release", group=~"$group"}}, host)')):
         b = b.with_variable(gd.QueryVariable(name).label(label).query(query).datasource(ds).multi(True)
                             .include_all(True).all_value(".*").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+                            .current(VariableOption(selected=True, text=["All"], value=["$__all"]))
                             .sort(VariableSort.ALPHABETICAL_ASC))
     section, pid = None, 0
     for sec, title, unit, targets in panels():
