@@ -32,11 +32,6 @@ sys.path.insert(0, str(REPO / "src"))
 from specdeploy.testing import fleetsim  # noqa: E402
 
 
-def index(addr: str) -> int:
-    _, _, a, b = (int(x) for x in addr.split("."))
-    return a * 250 + b - 1
-
-
 class Fleet:
     """What each simulated host's exporter and engine answer: release r2 on the first ``rolled`` share of the
     hosts, acceptance spread per host (r2 a little better), every 50th engine down, tokens counting up."""
@@ -48,7 +43,7 @@ class Fleet:
         return "r2" if i < self.n * self.rolled else "r1"
 
     def exporter(self, addr: str) -> str:
-        i = index(addr)
+        i = fleetsim.index(addr)
         up = 0.0 if i % 50 == 7 else 1.0
         al = 2.1 + 0.8 * ((i * 0.618) % 1.0) + (0.3 if self.release(i) == "r2" else 0.0)
         lines = ["# TYPE specdeploy_engine_up gauge", f"specdeploy_engine_up {up}",
@@ -65,7 +60,7 @@ class Fleet:
         return "\n".join(lines) + "\n"
 
     def engine(self, addr: str) -> str:
-        i = index(addr)
+        i = fleetsim.index(addr)
         if i % 50 == 7:
             return "garbage\x00"
         tokens = (time.time() - self.t0) * (20 + i % 7)

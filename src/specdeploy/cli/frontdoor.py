@@ -536,10 +536,9 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
     """Key dashboard panels as a PNG from Prometheus: acceptance length, speedup, tokens/s, all-reduce share; per
     host, or for a fleet per serving group or release, drilling down with --host, --group and --release."""
     from specdeploy.hostvars.argcheck import duration, label_values
-    from specdeploy.speculation.report import BY
     from specdeploy.ops.fleet import targets
     from specdeploy.ops.status import prometheus_urls
-    from specdeploy.speculation.report import render
+    from specdeploy.speculation.report import BY, render
     try:
         secs = duration(range_, "--range")
     except SpecdeployError as exc:

@@ -28,23 +28,12 @@ IGNORED_NAMES = ("host_vars", "group_vars", "vars_plugins")
 IGNORED_EXTS = (".pyc", ".pyo", ".swp", ".bak", "~", ".rpm", ".md", ".txt", ".rst", ".orig", ".cfg", ".retry")
 LOCALHOST = ("127.0.0.1", "localhost", "::1")
 LEGACY_VARS_PLUGIN_DIRS = ("~/.ansible/plugins/vars", "/usr/share/ansible/plugins/vars")
-# Ansible settings that do not change which variables a host gets: the installed release's, generated from its own
-# definitions and plugin options (hostvars.ansible_settings), and these, which earlier releases also knew
-HARMLESS_ENV = {"ANSIBLE_CONFIG", "ANSIBLE_FORCE_COLOR", "ANSIBLE_NOCOLOR", "ANSIBLE_HOST_KEY_CHECKING",
-                "ANSIBLE_STDOUT_CALLBACK", "ANSIBLE_PIPELINING", "ANSIBLE_SSH_ARGS", "ANSIBLE_SSH_PIPELINING",
-                "ANSIBLE_ROLES_PATH", "ANSIBLE_FILTER_PLUGINS", "ANSIBLE_LOCAL_TEMP", "ANSIBLE_REMOTE_TEMP",
-                "ANSIBLE_RETRY_FILES_ENABLED", "ANSIBLE_FORKS", "ANSIBLE_TIMEOUT", "ANSIBLE_CALLBACK_RESULT_FORMAT",
-                "ANSIBLE_PYTHON_INTERPRETER", "ANSIBLE_DEPRECATION_WARNINGS", "ANSIBLE_NOCOWS", "ANSIBLE_LOG_PATH",
-                "ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_CALLBACKS_ENABLED", "ANSIBLE_DISPLAY_SKIPPED_HOSTS",
-                # vault secrets: this reader steps aside at the first vaulted value anyway
-                "ANSIBLE_VAULT_PASSWORD_FILE", "ANSIBLE_VAULT_IDENTITY_LIST", "ANSIBLE_VAULT_IDENTITY"}
-HARMLESS_CFG = {"roles_path", "filter_plugins", "host_key_checking", "stdout_callback", "result_format",
-                "callback_result_format", "interpreter_python", "retry_files_enabled", "forks", "timeout", "nocows",
-                "deprecation_warnings", "log_path", "collections_path", "collections_paths", "callbacks_enabled",
-                "display_skipped_hosts", "local_tmp", "remote_tmp", "library", "module_utils", "remote_user",
-                "private_key_file", "gathering", "become", "become_user", "become_method", "callback_plugins",
-                "action_plugins", "lookup_plugins", "test_plugins", "strategy", "vault_password_file",
-                "vault_identity_list", "vault_identity"}
+# Ansible settings that do not change which variables a host gets come from the installed release's own definitions
+# and plugin options (hostvars.ansible_settings); besides them only the variable naming ansible.cfg (which is then
+# read key by key) and [defaults] keys that earlier releases read and this one ignores
+HARMLESS_ENV = {"ANSIBLE_CONFIG"}
+HARMLESS_CFG = {"collections_paths", "become", "become_user", "become_method", "result_format"}
+# sections that only configure connections, output and galaxy: any key in them is harmless
 HARMLESS_SECTIONS = {"ssh_connection", "connection", "paramiko_connection", "persistent_connection",
                      "privilege_escalation", "colors", "diff", "galaxy", "selinux"}
 NAME = re.compile(r"[A-Za-z0-9_.-]+\Z")

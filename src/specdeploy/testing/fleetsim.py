@@ -39,6 +39,12 @@ def address(i: int) -> str:
     return f"127.1.{i // 250}.{i % 250 + 1}"
 
 
+def index(addr: str) -> int:
+    """The host number whose :func:`address` ``addr`` is."""
+    _, _, a, b = (int(x) for x in addr.split("."))
+    return a * 250 + b - 1
+
+
 def write_inventory(dest: Path, state: Path, n: int, group_size: int = 1, extra_group_vars: dict | None = None,
                     monitoring: bool = True) -> Path:
     """``dest``: inventory/example's variables for ``n`` engine hosts (``group_size`` > 1: serving groups of
