@@ -76,8 +76,8 @@ def _options(doc: str) -> tuple[dict, list[str]]:
     if not isinstance(d, dict):
         return {}, []
     ext = d.get("extends_documentation_fragment") or []
-    return (d.get("options") or {}) if isinstance(d.get("options"), dict) else {}, \
-        [ext] if isinstance(ext, str) else [e for e in ext if isinstance(e, str)]
+    options = d.get("options") if isinstance(d.get("options"), dict) else {}
+    return options, [ext] if isinstance(ext, str) else [e for e in ext if isinstance(e, str)]
 
 
 def _names(options: dict) -> tuple[set[str], set[str]]:
@@ -145,10 +145,11 @@ def installed() -> dict:
 
 def main() -> int:
     table = installed()
-    unclassified = sorted(set(table["settings"]) - VARIABLE_SETTINGS)
+    harmless_settings = set(table["settings"]) - VARIABLE_SETTINGS
     TABLE.write_text(json.dumps(table, indent=1) + "\n")
     print(f"wrote {TABLE}: ansible-core {table['ansible_core']}, {len(table['harmless_env'])} harmless and "
-          f"{len(table['variable_env'])} variable-changing environment names ({len(unclassified)} settings harmless)")
+          f"{len(table['variable_env'])} variable-changing environment names ({len(harmless_settings)} settings "
+          "harmless)")
     return 0
 
 
