@@ -126,9 +126,11 @@ class Run:
         return [h for h, r in self.recap.items() if r["failed"] or r["unreachable"]]
 
 
-def run(argv: list[str], state: Path, timeout: float = 3600, log: Path | None = None) -> Run:
+def run(argv: list[str], state: Path, timeout: float = 3600, log: Path | None = None,
+        env_extra: dict[str, str] | None = None) -> Run:
     """Run an ansible command line from the repository with the simulator's connection; measure it."""
     env = environment(state)
+    env.update(env_extra or {})
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     with open(log, "w") if log else open(os.devnull, "w") as sink:
@@ -144,7 +146,8 @@ def run(argv: list[str], state: Path, timeout: float = 3600, log: Path | None = 
 
 
 def playbook(inventory: Path, state: Path, playbook: str = "ansible/deploy.yml", extra: list[str] | None = None,
-             forks: int | None = None, timeout: float = 3600, log: Path | None = None, tags: str | None = None) -> Run:
+             forks: int | None = None, timeout: float = 3600, log: Path | None = None, tags: str | None = None,
+             env_extra: dict[str, str] | None = None) -> Run:
     argv = [_tool("ansible-playbook"), "-i", str(inventory), playbook, "-e", f"ansible_connection={CONNECTION}"]
     for e in extra or []:
         argv += ["-e", e]
@@ -152,7 +155,7 @@ def playbook(inventory: Path, state: Path, playbook: str = "ansible/deploy.yml",
         argv += ["-f", str(forks)]
     if tags:
         argv += ["--tags", tags]
-    return run(argv, state, timeout, log)
+    return run(argv, state, timeout, log, env_extra)
 
 
 def ping(inventory: Path, state: Path, forks: int | None = None, timeout: float = 3600) -> Run:

@@ -38,6 +38,10 @@ def test_a_first_deploy_then_a_noop_redeploy_changes_nothing(deployed):
     assert len(re.findall(r"TASK \[A batch moves whole serving groups", first.output)) == 4  # [1, 2, 2, 1]
     serving = {h: fleetsim.serving_release(base / "state", h) for h in names}
     assert all(serving.values()), serving
+    # every module call ran in a worker forked from a frozen controller heap (specdeploy.deploy.forking)
+    calls = {h: fleetsim.host_state(base / "state", h) for h in names}
+    assert all(c["calls"] > 10 and "unfrozen_module_calls" not in c for c in calls.values()), \
+        {h: (c["calls"], c.get("unfrozen_module_calls")) for h, c in calls.items()}
     again = fleetsim.playbook(base / "inv", base / "state", timeout=600)
     assert again.rc == 0 and again.changed == 0, again.output[-3000:]
     assert sorted(again.recap) == sorted(names + ["mon-1"])
@@ -88,6 +92,21 @@ def _batch_leads(output: str) -> list[str]:
     """The first host of each rolling batch: the host each batch's once-per-batch check ran on."""
     return re.findall(r"TASK \[Does this batch move whole serving groups[^\n]*\n(?:[^\n]*\n)*?ok: \[([^\]]+)\]",
                       output)
+
+
+def test_workers_fork_from_a_frozen_controller_heap_unless_it_is_switched_off(tmp_path):
+    """The callback beside the playbooks freezes the controller's objects before each task's workers fork, so a
+    worker's garbage collections leave the fleet-sized heap it inherited alone; SPECDEPLOY_FORK_FREEZE=0 (the
+    bench's control arm) forks them from a heap left as it is, and the simulated hosts see the difference."""
+    runs = {}
+    for arm, env in (("off", {"SPECDEPLOY_FORK_FREEZE": "0"}), ("on", {})):
+        inv, state = tmp_path / arm / "inv", tmp_path / arm / "state"
+        fleetsim.write_inventory(inv, state, 2)
+        runs[arm] = fleetsim.playbook(inv, state, tags="deploy_preflight", timeout=600, env_extra=env)
+        assert runs[arm].rc == 0, runs[arm].output[-3000:]
+        runs[arm] = [fleetsim.host_state(state, h) for h in fleetsim.host_names(2)]
+    assert all(s["calls"] >= 2 and s.get("unfrozen_module_calls", 0) >= 2 for s in runs["off"]), runs["off"]
+    assert all(s["calls"] >= 2 and "unfrozen_module_calls" not in s for s in runs["on"]), runs["on"]
 
 
 def test_rolling_batches_of_a_fleet_keep_serving_groups_whole(tmp_path):

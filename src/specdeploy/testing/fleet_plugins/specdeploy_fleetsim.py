@@ -5,6 +5,7 @@ AnsiballZ payload; this plugin reads the module's name and arguments out of that
 from __future__ import annotations
 
 import ast
+import gc
 import json
 import os
 import re
@@ -107,6 +108,8 @@ class Connection(ConnectionBase):
         args = {k: v for k, v in args.items() if not k.startswith("_ansible_")}
         from specdeploy.testing.fleethost_commands import call
         with self._host.session():
+            if not gc.get_freeze_count():  # this worker was forked from a controller heap left unfrozen
+                self._host.s["unfrozen_module_calls"] = self._host.s.get("unfrozen_module_calls", 0) + 1
             result = call(self._host, module, args)
         return 0, json.dumps(result).encode(), b""
 

@@ -1,0 +1,70 @@
+"""The controller's memory as Ansible forks a worker for every host and task (docs/fleet.md, "The controller's
+memory and its workers").
+
+Each worker is a fork of ``ansible-playbook``, whose heap holds the whole fleet: its inventory, every host's
+variables and the deploy's fleet-wide facts. When the worker's cyclic garbage collector runs a full collection it
+walks every object it inherited, writes to each one's header and so copies, page by page, a heap that grows with
+the fleet. On the simulated fleet that made a worker's cost grow with the number of hosts (bench/README.md).
+
+This callback freezes the controller's objects (``gc.freeze``: the collector leaves them alone, in the controller
+and in every worker forked after it) before each task's workers are forked, and once per play and per rolling
+batch it thaws them, collects the controller's garbage and freezes again, so cyclic garbage lives at most one
+batch and that collection is linear in the heap. ``SPECDEPLOY_FORK_FREEZE=0`` turns it off (the control arm of
+``bench/fleet_fork.py``)."""
+from __future__ import annotations
+
+import gc
+import os
+
+from ansible.plugins.callback import CallbackBase
+
+SWITCH = "SPECDEPLOY_FORK_FREEZE"
+
+
+def enabled(environ=os.environ) -> bool:
+    return environ.get(SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def collect_and_freeze() -> int:
+    """Thaw, collect everything, freeze what is left; the number of objects frozen."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+class CallbackModule(CallbackBase):
+    """Loaded by Ansible from ``ansible/callback_plugins/`` beside the playbooks, for every playbook there, without
+    being enabled in ansible.cfg; it prints nothing."""
+
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "specdeploy_fork"
+    CALLBACK_NEEDS_ENABLED = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.on = enabled()
+        self.collections = 0
+        self.freezes = 0
+
+    def v2_playbook_on_play_start(self, play):
+        # Ansible sends this for every play and again for every rolling (serial) batch of a play
+        if self.on:
+            collect_and_freeze()
+            self.collections += 1
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self._freeze()
+
+    def v2_playbook_on_handler_task_start(self, task):
+        self._freeze()
+
+    def v2_playbook_on_stats(self, stats):
+        if self.on:
+            gc.unfreeze()
+
+    def _freeze(self) -> None:
+        if self.on:
+            gc.freeze()  # O(1): the collector's generations are moved, not walked
+            self.freezes += 1
