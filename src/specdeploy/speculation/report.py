@@ -21,7 +21,8 @@ from specdeploy.speculation import metrics as M
 
 
 HOST_LINES = 12  # "auto" draws one line per host up to this many hosts, else one per release
-LEGEND_LINES = 12
+LINES = 12  # a panel draws at most this many lines: the worst ones (WORSE) when it has more
+WORSE = {"acceptance": "low", "speedup": "low", "tokens": "low", "allreduce": "high"}
 BY = ("auto", "host", "group", "release")
 
 
@@ -91,6 +92,19 @@ def allreduce_share(itl: dict, al: dict, running: dict, nccl: dict, layers: int,
     return out
 
 
+def worst(series: dict[str, list], n: int, worse: str) -> dict[str, list]:
+    """The ``n`` series of ``series`` whose mean over the range is the worst (``worse``: "low" or "high"); ties by
+    name. A panel of 512 groups draws the 12 that need a look, as the dashboard's lowest-groups panels do."""
+    if len(series) <= n:
+        return series
+
+    def mean(item):
+        vals = [v for _, v in item[1] if v == v]  # NaN (v != v) says nothing
+        m = sum(vals) / len(vals) if vals else float("inf") if worse == "low" else float("-inf")
+        return (m if worse == "low" else -m, item[0])
+    return dict(sorted(series.items(), key=mean)[:n])
+
+
 def hosts_seen(base: str, selector: str, start: float, end: float, step: float) -> int:
     """How many hosts' exporters matching ``selector`` Prometheus saw in the range (at most at one time)."""
     res = query_range(base, f"count(max by (host) ({M.INFO}{{{selector}}}))", start, end, step, label="none")
@@ -128,17 +142,19 @@ def render(base: str, out: Path, range_s: float = 3600, nccl: dict | None = None
     else:
         data["allreduce"] = {}
 
+    drawn = {key: worst(v, LINES, WORSE[key]) for key, v in data.items()}
     import matplotlib
     matplotlib.use("Agg")
     # every text as given: a label from Prometheus or the command line may hold "$", matplotlib's math mode
     with matplotlib.rc_context({"text.parse_math": False}):
-        _draw(base, out, range_s, nccl, data, bands, by, hosts, select)
+        _draw(base, out, range_s, nccl, drawn, {k: len(v) for k, v in data.items()}, bands, by, hosts, select)
     summary = {k: {n: pts[-1][1] for n, pts in v.items()} for k, v in data.items()}
     return {"png": str(out), "prometheus": base, "range_s": range_s, "by": by, "hosts": hosts,
-            "selected": {label: list(v) for label, v in (select or {}).items() if v}, "last": summary}
+            "selected": {label: list(v) for label, v in (select or {}).items() if v}, "last": summary,
+            "drawn": {k: sorted(v) for k, v in drawn.items()}}
 
 
-def _draw(base: str, out: Path, range_s: float, nccl: dict | None, data: dict, bands: dict, by: str,
+def _draw(base: str, out: Path, range_s: float, nccl: dict | None, data: dict, total: dict, bands: dict, by: str,
           hosts: int, select: dict | None) -> None:
     import matplotlib
     import matplotlib.dates as mdates
@@ -172,10 +188,10 @@ def _draw(base: str, out: Path, range_s: float, nccl: dict | None, data: dict, b
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
         if data[key]:
-            handles, names = ax.get_legend_handles_labels()
-            more = len(names) - LEGEND_LINES
-            ax.legend(handles[:LEGEND_LINES], names[:LEGEND_LINES], fontsize=7, loc="best",
-                      title=f"{more} more not listed" if more > 0 else None, title_fontsize=7)
+            cut = total[key] > len(data[key])
+            ax.legend(fontsize=7, loc="best", title_fontsize=7,
+                      title=f"the {len(data[key])} {'lowest' if WORSE[key] == 'low' else 'highest'} of "
+                            f"{total[key]} (mean over the range)" if cut else None)
         else:
             why = ("no NCCL measurement given (--nccl: a `specdeploy nccl tune` result)" if key == "allreduce"
                    and not nccl else "no data in this range")

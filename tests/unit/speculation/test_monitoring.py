@@ -286,14 +286,35 @@ def _report_per_release_group_and_host(base, tmp_path):
     assert set(rel["last"]["speedup"]) == {"rel-a c=1", "rel-b c=1"}
     one = report.render(base, tmp_path / "one.png", 60, now=now, select={"host": ["sglang-host"]})
     assert one["by"] == "host" and one["hosts"] == 1 and set(one["last"]["acceptance"]) == {"sglang-host"}
-    old = report.HOST_LINES
-    report.HOST_LINES = 1
+    assert hosts["drawn"] == {k: sorted(v) for k, v in hosts["last"].items()}  # under 12 lines: all drawn
+    old = report.HOST_LINES, report.LINES
+    report.HOST_LINES, report.LINES = 1, 1
     try:
-        assert report.render(base, tmp_path / "auto.png", 60, now=now)["by"] == "release"
+        auto = report.render(base, tmp_path / "auto.png", 60, now=now)
+        assert auto["by"] == "release"
+        # one line a panel: the worst release, by its mean over the range
+        for key in ("acceptance", "tokens"):
+            assert len(auto["last"][key]) == 2
+            assert auto["drawn"][key] == [min(auto["last"][key], key=auto["last"][key].get)]
     finally:
-        report.HOST_LINES = old
+        report.HOST_LINES, report.LINES = old
     odd = report.render(base, tmp_path / "odd.png", 60, now=now,
                         select={"host": ['sglang-host"} or vector(1) # $x', ".*"], "release": ["rel-b"]})
     assert odd["hosts"] == 0 and not any(odd["last"].values())
     assert (tmp_path / "odd.png").read_bytes()[:4] == b"\x89PNG"
 
+
+
+def test_a_panel_of_many_lines_draws_the_worst_by_their_mean():
+    from specdeploy.speculation.report import worst
+    nan = float("nan")
+    series = {f"g{i:03d}": [(0, 3.0 - i / 100), (1, 3.0 - i / 100)] for i in range(40)}
+    series["g-nan"] = [(0, nan)]  # a series with no value is neither worst nor best: it goes last
+    series["g-spike"] = [(0, 0.5), (1, 5.0)]  # its mean (2.75) ranks it, not its last or lowest point
+    low = worst(series, 3, "low")
+    assert list(low) == ["g039", "g038", "g037"]
+    assert list(worst(series, 3, "high")) == ["g000", "g001", "g002"]
+    assert "g-spike" in worst(series, 15, "low") and "g-spike" not in worst(series, 14, "low")
+    assert "g-nan" not in worst(series, 41, "low") and "g-nan" not in worst(series, 41, "high")
+    assert len(worst(series, 42, "low")) == 42
+    assert worst(series, 100, "low") is series
