@@ -81,8 +81,12 @@ def chart(record: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     sizes = [s["hosts"] for s in record["sizes"]]
     for arm, style in (("off", "o--"), ("on", "s-")):
-        ax.plot(sizes, [s["cpu_per_host_s"][arm] for s in record["sizes"]], style,
-                label=f"freeze {arm} (exponent {record['exponent_cpu'][arm]})")
+        (line,) = ax.plot(sizes, [s["cpu_per_host_s"][arm] for s in record["sizes"]], style,
+                          label=f"freeze {arm}: median (exponent {record['exponent_cpu'][arm]})")
+        rounds = [(s["hosts"], r["cpu_per_host_s"]) for s in record["sizes"] for r in s["runs"] if r["arm"] == arm]
+        ax.scatter([n for n, _ in rounds], [v for _, v in rounds], color=line.get_color(), marker="x", s=30,
+                   label=f"freeze {arm}: each round")
+    ax.set_ylim(bottom=0)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("simulated hosts")
     ax.set_ylabel("controller CPU per host, s")
