@@ -292,8 +292,8 @@ def _report_per_release_group_and_host(base, tmp_path):
     try:
         auto = report.render(base, tmp_path / "auto.png", 60, now=now)
         assert auto["by"] == "release"
-        # one line a panel, one of the two releases (which one is the worst by its mean over the range, as the
-        # exporter's values move while the scrapes warm up: test_a_panel_of_many_lines_draws_the_worst_by_their_mean)
+        # one line a panel, one of the two releases; which one is worst by its mean over the range is checked by
+        # test_a_panel_of_many_lines_draws_the_worst_by_their_mean (here the values move while the scrapes warm up)
         for key in ("acceptance", "tokens"):
             assert len(auto["last"][key]) == 2 and len(auto["drawn"][key]) == 1
             assert set(auto["drawn"][key]) <= set(auto["last"][key])
