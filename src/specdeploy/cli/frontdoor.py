@@ -593,4 +593,4 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
     cut = any(len(res["drawn"][k]) < len(v) for k, v in res["last"].items())
     print(json.dumps(res, indent=2) if as_json else f"wrote {safe(res['png'])} from {safe(res['prometheus'])}: "
           f"{res['hosts']} hosts, one line per {res['by']}"
-          + (f" (a panel of more draws its {max(map(len, res['drawn'].values()))} worst)" if cut else ""))
+          + (f" (a panel with more lines draws the {max(map(len, res['drawn'].values()))} worst)" if cut else ""))
