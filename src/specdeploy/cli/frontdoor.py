@@ -538,7 +538,7 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
     from specdeploy.hostvars.argcheck import duration, label_values
     from specdeploy.ops.fleet import targets
     from specdeploy.ops.status import prometheus_urls
-    from specdeploy.speculation.report import BY, render
+    from specdeploy.speculation.report import BY, LINES, render
     try:
         secs = duration(range_, "--range")
     except SpecdeployError as exc:
@@ -593,4 +593,4 @@ def report_cmd(inventory: Optional[str] = inventory_optional(),
     cut = any(len(res["drawn"][k]) < len(v) for k, v in res["last"].items())
     print(json.dumps(res, indent=2) if as_json else f"wrote {safe(res['png'])} from {safe(res['prometheus'])}: "
           f"{res['hosts']} hosts, one line per {res['by']}"
-          + (f" (a panel with more lines draws the {max(map(len, res['drawn'].values()))} worst)" if cut else ""))
+          + (f" (a panel with more lines draws the {LINES} worst)" if cut else ""))

@@ -1,5 +1,5 @@
-"""The controller's memory as Ansible forks a worker for every host and task (docs/fleet.md, "The controller's
-memory and its workers").
+"""The controller's memory as Ansible forks a worker for every host and task (docs/fleet.md, "Workers (the
+controller's memory)").
 
 Each worker is a fork of ``ansible-playbook``, whose heap holds the whole fleet: its inventory, every host's
 variables and the deploy's fleet-wide facts. When the worker's cyclic garbage collector runs a full collection it
@@ -25,12 +25,11 @@ def enabled(environ=os.environ) -> bool:
     return environ.get(SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def collect_and_freeze() -> int:
-    """Thaw, collect everything, freeze what is left; the number of objects frozen."""
+def collect_and_freeze() -> None:
+    """Thaw, collect everything, freeze what is left."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
 
 
 class CallbackModule(CallbackBase):
