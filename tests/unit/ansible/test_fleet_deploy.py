@@ -12,6 +12,9 @@ import yaml
 
 from specdeploy.testing import fleetsim
 
+# the simulated hosts count module calls from workers forked from an unfrozen controller heap
+PROBE = {"SPECDEPLOY_FLEETSIM_FREEZE_PROBE": "1"}
+
 ROLLING = {"specdeploy_rolling_from_hosts": 4, "specdeploy_rolling_batch_percent": 34,
            "specdeploy_max_fail_percentage": 50}
 # one worker runs the module, so the six-host first deploy is made once
@@ -25,7 +28,7 @@ def deployed(tmp_path_factory):
     base = tmp_path_factory.mktemp("fleet")
     inv, state = base / "inv", base / "state"
     fleetsim.write_inventory(inv, state, 6, extra_group_vars=ROLLING)
-    first = fleetsim.playbook(inv, state, log=base / "first.log", timeout=900)
+    first = fleetsim.playbook(inv, state, log=base / "first.log", timeout=900, env_extra=PROBE)
     return base, first
 
 
@@ -99,7 +102,7 @@ def test_workers_fork_from_a_frozen_controller_heap_unless_it_is_switched_off(tm
     worker's garbage collections leave the fleet-sized heap it inherited alone; SPECDEPLOY_FORK_FREEZE=0 (the
     bench's control arm) forks them from a heap left as it is, and the simulated hosts see the difference."""
     runs = {}
-    for arm, env in (("off", {"SPECDEPLOY_FORK_FREEZE": "0"}), ("on", {})):
+    for arm, env in (("off", {"SPECDEPLOY_FORK_FREEZE": "0", **PROBE}), ("on", PROBE)):
         inv, state = tmp_path / arm / "inv", tmp_path / arm / "state"
         fleetsim.write_inventory(inv, state, 2)
         runs[arm] = fleetsim.playbook(inv, state, tags="deploy_preflight", timeout=600, env_extra=env)
