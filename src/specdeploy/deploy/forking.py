@@ -9,8 +9,14 @@ the fleet. On the simulated fleet that made a worker's cost grow with the number
 This callback freezes the controller's objects (``gc.freeze``: the collector leaves them alone, in the controller
 and in every worker forked after it) before each task's workers are forked, and once per play and per rolling
 batch it thaws them, collects the controller's garbage and freezes again, so cyclic garbage lives at most one
-batch and that collection is linear in the heap. ``SPECDEPLOY_FORK_FREEZE=0`` turns it off (the control arm of
-``bench/fleet_fork.py``)."""
+batch and that collection is linear in the heap.
+
+Before each task's workers are forked it also loads Ansible's filter and test plugins in the controller. Ansible
+loads them in the process that first templates a filter, keeps them there, and templates a task's arguments in
+its workers, so each worker (a new process for every host and task) loaded every filter and test plugin file
+again, specdeploy's core with them; loaded once in the controller, every worker inherits them.
+
+``SPECDEPLOY_FORK_FREEZE=0`` turns both off (the control arm of ``bench/fleet_fork.py``)."""
 from __future__ import annotations
 
 import gc
@@ -30,6 +36,14 @@ def collect_and_freeze() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+
+
+def load_jinja_plugins() -> None:
+    """Ansible's filter and test plugins, loaded in this process (Ansible's loaders keep them, and reload them only
+    after a plugin directory is added, when a role that brings one is loaded)."""
+    from ansible.plugins.loader import filter_loader, test_loader
+    for loader in (filter_loader, test_loader):
+        next(iter(loader.all()), None)  # all() loads every plugin of its kind on its first call, then reads its cache
 
 
 class CallbackModule(CallbackBase):
@@ -65,5 +79,6 @@ class CallbackModule(CallbackBase):
 
     def _freeze(self) -> None:
         if self.on:
+            load_jinja_plugins()
             gc.freeze()  # O(1): the collector's generations are moved, not walked
             self.freezes += 1

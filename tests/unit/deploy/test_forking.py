@@ -57,6 +57,26 @@ def test_the_switch(value, on, monkeypatch):
     assert (gc.get_freeze_count() > 0) is on and (cb.freezes, cb.collections) == ((1, 1) if on else (0, 0))
 
 
+@pytest.mark.parametrize("switch, loads", [("1", False), ("0", True)])
+def test_a_task_start_loads_the_filter_and_test_plugins_so_a_worker_forked_after_loads_none(switch, loads,
+                                                                                            monkeypatch):
+    """Ansible templates a task's arguments in the worker; a worker forked after the task start finds every filter
+    and test plugin loaded, and reads no plugin file to template one."""
+    from ansible.plugins import loader
+    for jinja_loader in (loader.filter_loader, loader.test_loader):  # as a fresh ansible-playbook has them
+        monkeypatch.setattr(jinja_loader, "_cached_non_collection_wrappers", {})
+        monkeypatch.setattr(jinja_loader, "_module_cache", {})
+    monkeypatch.setenv(forking.SWITCH, switch)
+    forking.CallbackModule().v2_playbook_on_task_start(None, False)
+    read = []
+    load = loader.PluginLoader._load_module_source
+    monkeypatch.setattr(loader.PluginLoader, "_load_module_source",
+                        lambda self, *a, **kw: read.append(self.type) or load(self, *a, **kw))
+    assert loader.filter_loader.get_with_context("to_json").object is not None  # what a worker's templating asks
+    assert loader.test_loader.get_with_context("match").object is not None
+    assert bool(read) is loads, read
+
+
 def test_the_plugin_beside_the_playbooks_is_a_shim():
     from helpers import REPO
     f = REPO / "ansible" / "callback_plugins" / "specdeploy_fork.py"
