@@ -17,3 +17,7 @@ if command -v apt-get >/dev/null; then
   $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi
 python3 -m pip install -q -e '.[test]'
+# An editable install leaves specdeploy's modules without bytecode, and where PYTHONDONTWRITEBYTECODE is set every
+# process (each CLI call, ansible-playbook and its filters) compiles them again; a wheel install has its bytecode.
+# Each .pyc is checked against its source's hash, so an edited module never runs from stale bytecode.
+python3 -m compileall -q --invalidation-mode checked-hash src ansible
