@@ -79,6 +79,9 @@ class CallbackModule(CallbackBase):
 
     def _freeze(self) -> None:
         if self.on:
-            load_jinja_plugins()
+            try:
+                load_jinja_plugins()
+            except Exception:  # noqa: BLE001 - a plugin that cannot load fails in the worker, where Ansible reports it
+                pass
             gc.freeze()  # O(1): the collector's generations are moved, not walked
             self.freezes += 1

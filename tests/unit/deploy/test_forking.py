@@ -77,6 +77,14 @@ def test_a_task_start_loads_the_filter_and_test_plugins_so_a_worker_forked_after
     assert bool(read) is loads, read
 
 
+def test_a_plugin_that_cannot_load_still_leaves_the_heap_frozen(monkeypatch):
+    def broken():
+        raise RuntimeError("a filter plugin that fails to import")
+    monkeypatch.setattr(forking, "load_jinja_plugins", broken)
+    forking.CallbackModule().v2_playbook_on_task_start(None, False)
+    assert gc.get_freeze_count() > 0
+
+
 def test_the_plugin_beside_the_playbooks_is_a_shim():
     from helpers import REPO
     f = REPO / "ansible" / "callback_plugins" / "specdeploy_fork.py"
