@@ -30,7 +30,7 @@ from fleet_scale import fit, sizes_arg  # noqa: E402
 from specdeploy.deploy.forking import SWITCH  # noqa: E402
 from specdeploy.testing import fleetsim  # noqa: E402
 
-PROBE = {"SPECDEPLOY_FLEETSIM_FREEZE_PROBE": "1"}  # the simulated hosts count calls from unfrozen workers
+PROBE = {fleetsim.FREEZE_PROBE: "1"}  # the simulated hosts count calls from unfrozen workers
 ARMS = {"on": PROBE, "off": {SWITCH: "0", **PROBE}}
 
 

@@ -68,16 +68,16 @@ class CallbackModule(CallbackBase):
             self.collections += 1
 
     def v2_playbook_on_task_start(self, task, is_conditional):
-        self._freeze()
+        self._before_fork()
 
     def v2_playbook_on_handler_task_start(self, task):
-        self._freeze()
+        self._before_fork()
 
     def v2_playbook_on_stats(self, stats):
         if self.on:
             gc.unfreeze()
 
-    def _freeze(self) -> None:
+    def _before_fork(self) -> None:
         if self.on:
             try:
                 load_jinja_plugins()

@@ -27,6 +27,9 @@ CONNECTION = "specdeploy_fleetsim"
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)"
                    r"\s+rescued=(\d+)\s+ignored=(\d+)", re.M)
 MAX_HOSTS = 20000
+# "1" in a run's environment: the simulated hosts count module calls from workers forked from an unfrozen controller
+# heap (``unfrozen_module_calls`` in a host's state; the connection plugin's probe)
+FREEZE_PROBE = "SPECDEPLOY_FLEETSIM_FREEZE_PROBE"
 
 
 def host_names(n: int) -> list[str]:

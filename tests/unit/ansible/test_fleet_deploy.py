@@ -13,7 +13,7 @@ import yaml
 from specdeploy.testing import fleetsim
 
 # the simulated hosts count module calls from workers forked from an unfrozen controller heap
-PROBE = {"SPECDEPLOY_FLEETSIM_FREEZE_PROBE": "1"}
+PROBE = {fleetsim.FREEZE_PROBE: "1"}
 
 ROLLING = {"specdeploy_rolling_from_hosts": 4, "specdeploy_rolling_batch_percent": 34,
            "specdeploy_max_fail_percentage": 50}

@@ -13,6 +13,8 @@ import re
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.connection import ConnectionBase
 
+from specdeploy.testing.fleetsim import FREEZE_PROBE
+
 DOCUMENTATION = """
     name: specdeploy_fleetsim
     short_description: a simulated specdeploy fleet host (tests and bench only)
@@ -47,10 +49,9 @@ DOCUMENTATION = """
 # A controller heap frozen by specdeploy.deploy.forking holds far more objects than this; an interpreter may freeze a
 # few hundred of its own at start-up (375 under Python 3.12.3), so "any frozen object" would not tell.
 FROZEN_HEAP = 10_000
-# "1": count the module calls that came from a worker forked from an unfrozen controller heap (the host state's
-# unfrozen_module_calls). Asked for by the tests and the bench that look at it: gc.get_freeze_count() walks every
-# frozen object (about 10 ms for an Ansible controller's heap), so it is asked once per worker and only then.
-PROBE = "SPECDEPLOY_FLEETSIM_FREEZE_PROBE"
+# The probe runs where a run asks for it (fleetsim.FREEZE_PROBE), as the tests and the bench that read it do:
+# gc.get_freeze_count() walks every frozen object (about 10 ms for an Ansible controller's heap), so it is asked once
+# per worker and only then.
 _frozen_by_pid: dict[int, bool] = {}
 
 
@@ -124,7 +125,7 @@ class Connection(ConnectionBase):
         args = {k: v for k, v in args.items() if not k.startswith("_ansible_")}
         from specdeploy.testing.fleethost_commands import call
         with self._host.session():
-            if os.environ.get(PROBE) == "1" and _forked_unfrozen():
+            if os.environ.get(FREEZE_PROBE) == "1" and _forked_unfrozen():
                 self._host.s["unfrozen_module_calls"] = self._host.s.get("unfrozen_module_calls", 0) + 1
             result = call(self._host, module, args)
         return 0, json.dumps(result).encode(), b""
