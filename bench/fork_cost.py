@@ -15,6 +15,7 @@ import gc
 import json
 import os
 import resource
+import subprocess
 import sys
 import time
 
@@ -65,12 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--mb {a.mb!r}: give sizes in MB as integers separated by commas, e.g. 20,100")
     if not sizes or min(sizes) < 1 or max(sizes) > 4096 or not 1 <= a.forks <= 10000:
         ap.error("--mb from 1 to 4096 MB each; --forks from 1 to 10000")
+    if os.environ.get("FORK_COST_CHILD"):  # one size, in the fresh process the loop below started
+        print(json.dumps(one(sizes[0], a.forks)))
+        return 0
     rows = []
     for mb in sizes:  # each size in a fresh process, so an earlier heap's arenas do not count
-        if os.environ.get("FORK_COST_CHILD") == str(mb):
-            print(json.dumps(one(mb, a.forks)))
-            return 0
-        import subprocess
         out = subprocess.run([sys.executable, __file__, "--mb", str(mb), "--forks", str(a.forks)],
                              env={**os.environ, "FORK_COST_CHILD": str(mb)}, capture_output=True, text=True,
                              check=True).stdout

@@ -55,10 +55,10 @@ def _role_closure(names: set[str]) -> set[str]:
         role = todo.pop()
         seen.add(role)
         for f in (ANSIBLE / "roles" / role).rglob("*.yml"):
-            more = _roles_named(yaml.safe_load(f.read_text()))
-            meta = f.name == "main.yml" and f.parent.name == "meta"
-            if meta:
-                deps = (yaml.safe_load(f.read_text()) or {}).get("dependencies") or []
+            doc = yaml.safe_load(f.read_text())
+            more = _roles_named(doc)
+            if f.name == "main.yml" and f.parent.name == "meta":
+                deps = (doc or {}).get("dependencies") or []
                 more |= {d if isinstance(d, str) else d.get("role") for d in deps}
             todo |= {r for r in more if r and r not in seen}
     return seen
@@ -117,7 +117,7 @@ def test_each_forgotten_variable_is_set_before_the_forget_task():
         assert re.search(rf"register: {re.escape(n)}\b|^\s*{re.escape(n)}:", text, re.M), f"nothing sets {n}"
 
 
-def test_the_scan_finds_a_reader_where_there_is_one(tmp_path):
+def test_the_scan_finds_a_reader_where_there_is_one():
     """The check can fail: the router's drain tasks read router_worker_url, which a scan of the later plays
     finds."""
     plays = _plays()
