@@ -85,7 +85,10 @@ def _later_plays(plays, idx) -> list[dict]:
 
 @functools.cache
 def _core_words() -> frozenset:
-    return _words("\n".join(p.read_text() for p in (REPO / "src/specdeploy").rglob("*.py")))
+    """The core, the playbooks' own plugins and the templates the core renders: code that reads variables by name."""
+    files = [*(REPO / "src/specdeploy").rglob("*.py"), *(ANSIBLE / "filter_plugins").glob("*.py"),
+             *(ANSIBLE / "callback_plugins").glob("*.py"), *(p for p in (REPO / "templates").rglob("*") if p.is_file())]
+    return _words("\n".join(p.read_text(errors="replace") for p in files))
 
 
 def _readers(plays, idx, names) -> dict[str, list[str]]:
@@ -111,10 +114,9 @@ def _readers(plays, idx, names) -> dict[str, list[str]]:
                                                for f in (ANSIBLE / "roles" / role).rglob("*.yml")]
     wholesale["hostvars[...] in the deploy play"] = "\n".join(
         line for text in deploy_text for line in text.splitlines() if "hostvars[" in line)
-    wholesale["specdeploy core (its filters read hostvars by name)"] = "\n".join(
-        p.read_text() for p in (REPO / "src/specdeploy").rglob("*.py"))
     events = [(f"play '{p.get('name')}'", _play_events(p)) for p in later]
     words = {k: _words(text) for k, text in wholesale.items()}
+    words["specdeploy core, plugins or templates (they read hostvars by name)"] = _core_words()
     out = {}
     for n in names:
         found = [k for k, w in words.items() if n in w]
