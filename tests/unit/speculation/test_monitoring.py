@@ -275,6 +275,10 @@ def _report_per_release_group_and_host(base, tmp_path):
     release above its host count; a selector is matched exactly, never as PromQL."""
     import specdeploy.speculation.report as report
     now = time.time()
+    # every render reads the same samples: a scrape timestamped before `now` but stored after the first render
+    # would change the later ones (seen once in CI). Scrapes are 1 s apart with a 1 s timeout, so after 2.5 s every
+    # sample up to `now` is stored.
+    time.sleep(2.5)
     hosts = report.render(base, tmp_path / "hosts.png", 60, now=now, by="host")
     rel = report.render(base, tmp_path / "rel.png", 60, now=now, by="release")
     grp = report.render(base, tmp_path / "grp.png", 60, now=now, by="group")
