@@ -49,8 +49,7 @@ def measured(kimi, tmp_path_factory):
     d = tmp_path_factory.mktemp("measure")
     # the measurement starts the target with drafters: on an x86 CPU without AMX the CPU build serves an MLA target
     # beside a drafter only with MLA off (realengine.env), which an operator's inventory for this host would set
-    raw = realrun.host_vars(kimi, None, extra={"specdeploy_engine_env": realengine.env("0.32.0", True)}
-                            ).model_dump(exclude_unset=True)
+    raw = realrun.host_vars(kimi, None, drafters=True).model_dump(exclude_unset=True)
     inv = {"all": {"children": {"specdeploy_engines": {"hosts": {"realhost": {"ansible_host": "127.0.0.1", **raw}}}}}}
     (d / "hosts.yml").write_text(yaml.safe_dump(inv))
     drafters = {r: rated.drafter("kimi_k2", r) for r in RATES}

@@ -62,10 +62,15 @@ def venv(version: str) -> Path:
 
 
 def host_vars(target: Path, drafter: Path | None = None, k: int = 1, port: int | None = None,
-              version: str = "0.32.0", served: str = "tiny", extra: dict | None = None) -> HostVars:
+              version: str = "0.32.0", served: str = "tiny", extra: dict | None = None,
+              drafters: bool | None = None) -> HostVars:
     """The variables an inventory would give a host that serves ``target`` (with the EAGLE-3 ``drafter``, k draft
     tokens) from the real-engine venv; the CPU build's needs (its KV-cache size, eager mode, a short context, no
-    weight-cache daemon) come in through the ordinary variables, validated as any inventory's are."""
+    weight-cache daemon) come in through the ordinary variables, validated as any inventory's are. ``drafters``:
+    whether the host will run the target beside a drafter (by default, when given one; True for a host that a
+    measurement starts with drafters of its own, such as ``breakeven --measure``), which decides the CPU build's
+    MLA environment (realengine.env)."""
+    with_drafter = drafter is not None if drafters is None else drafters
     v = {
         "specdeploy_engine": realengine.ENGINE, "specdeploy_engine_version": version, "specdeploy_runtime": "venv",
         "specdeploy_venv_path": str(venv(version)), "specdeploy_hardware": "h200_nvl8",
@@ -73,7 +78,7 @@ def host_vars(target: Path, drafter: Path | None = None, k: int = 1, port: int |
         "specdeploy_served_model_name": served, "specdeploy_bind_address": "127.0.0.1",
         "specdeploy_port": port or free_port(), "specdeploy_max_model_len": 512,
         "specdeploy_engine_extra_args": ["--max-num-seqs", "4", "--enforce-eager"],
-        "specdeploy_engine_env": realengine.env(version, drafter is not None and realengine.uses_mla(target)),
+        "specdeploy_engine_env": realengine.env(version, with_drafter and realengine.uses_mla(target)),
         # the CPU build refuses the weight-cache daemon (UnsupportedPlatformForIPCError: CUDA IPC only), which
         # `auto` would plan for an unquantized target of a release that has one: this host loads from disk
         "specdeploy_weight_cache": "off",
