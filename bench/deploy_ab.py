@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -24,6 +23,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+import fleet_scale  # noqa: E402  (its sizes and its exponent fit)
 
 RUN_ONE = r"""
 import json, resource, sys, tempfile, time
@@ -40,13 +42,10 @@ print(json.dumps({"rc": r.rc, "wall_s": r.wall_s, "cpu_s": r.cpu_s, "changed": r
 """
 
 
-def sizes_arg(text: str) -> list[int]:
-    try:
-        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--sizes: {text!r} is not a comma-separated list of host counts") from None
-    if len(sizes) < 2 or sizes[0] < 1:
-        raise argparse.ArgumentTypeError("--sizes: give at least two host counts, each at least 1")
+def two_sizes(text: str) -> list[int]:
+    sizes = fleet_scale.sizes_arg(text)
+    if len(sizes) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: give at least two sizes, to fit an exponent")
     return sizes
 
 
@@ -75,19 +74,11 @@ def run_one(tree: Path, n: int, timeout: float) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def exponent(sizes: list[int], per_host: list[float]) -> float:
-    """Least-squares slope of log(total) on log(hosts): 1 is linear, above 1 the cost per host grows."""
-    xs = [math.log(n) for n in sizes]
-    ys = [math.log(c * n) for n, c in zip(sizes, per_host)]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="the control arm's revision")
     ap.add_argument("--head", default="HEAD", help="the changed arm's revision (default HEAD)")
-    ap.add_argument("--sizes", type=sizes_arg, default=[64, 256])
+    ap.add_argument("--sizes", type=two_sizes, default=[64, 256])
     ap.add_argument("--rounds", type=int, default=2, choices=range(1, 11), metavar="1..10")
     ap.add_argument("--timeout", type=float, default=3600.0, help="per deploy, seconds")
     ap.add_argument("--out", type=Path, default=None, help="JSON result (default: print only)")
@@ -118,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             vals = [x["cpu_s"] / n for x in runs if x["arm"] == arm and x["hosts"] == n and x.get("rc") == 0]
             per_size[n] = {"cpu_per_host": vals, "median": statistics.median(vals) if vals else None}
         medians = [per_size[n]["median"] for n in a.sizes]
-        summary["arms"][arm] = {"commit": commits[arm], "sizes": per_size,
-                                "exponent_cpu": exponent(a.sizes, medians) if None not in medians else None}
+        summary["arms"][arm] = {"commit": commits[arm], "sizes": per_size, "exponent_cpu": None if None in medians
+                                else fleet_scale.fit({n: m * n for n, m in zip(a.sizes, medians)}, start=1)}
     for n in a.sizes:
         ratios = []
         for r in range(1, a.rounds + 1):

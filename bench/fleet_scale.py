@@ -49,9 +49,9 @@ def timed(argv: list[str], env: dict, timeout: float) -> tuple[float, int, str, 
     return time.monotonic() - t0, p.returncode, p.stdout, (p.stdout + p.stderr)[-2000:]
 
 
-def fit(points: dict[int, float]) -> float | None:
-    """The exponent b of t = a * n^b over the sizes from FIT_FROM on (None with fewer than two)."""
-    xs = [(math.log(n), math.log(t)) for n, t in sorted(points.items()) if n >= FIT_FROM and t > 0]
+def fit(points: dict[int, float], start: int = FIT_FROM) -> float | None:
+    """The exponent b of t = a * n^b over the sizes from ``start`` on (None with fewer than two)."""
+    xs = [(math.log(n), math.log(t)) for n, t in sorted(points.items()) if n >= start and t > 0]
     if len(xs) < 2:
         return None
     mx, my = statistics.fmean(x for x, _ in xs), statistics.fmean(y for _, y in xs)

@@ -257,7 +257,8 @@ def test_every_variable_set_for_an_engine_host_is_forgotten_or_read_later():
     registered result or fact either joins the forget task or is read afterwards."""
     plays = _plays()
     idx = _deploy_play_index(plays)
-    forgotten = set(_forget_task(plays[idx])["ansible.builtin.set_fact"])
+    forget = _forget_task(plays[idx])
+    forgotten = set(forget["ansible.builtin.set_fact"])
     engine_plays = [p for p in plays[:idx + 1] if "specdeploy_engines" in str(p.get("hosts"))]
     assert plays[idx] in engine_plays
     nodes = [{k: v for k, v in p.items() if k != "post_tasks"} for p in engine_plays]
@@ -271,7 +272,7 @@ def test_every_variable_set_for_an_engine_host_is_forgotten_or_read_later():
             if isinstance(x.get("register"), str):
                 set_names.add(x["register"])
             facts = next((x[k] for k in SET_FACT if k in x), None)
-            if isinstance(facts, dict) and x is not _forget_task(plays[idx]):
+            if isinstance(facts, dict) and x is not forget:
                 set_names.update(k for k in facts if k != "cacheable")
             for v in x.values():
                 walk(v)
