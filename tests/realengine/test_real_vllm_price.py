@@ -6,9 +6,12 @@ tiny good drafter, served with a band schedule (k=1 at one running request, k=0 
 surface's interval at its AL, and the schedule measured as rendered against speculation off. The Kimi-K2.5 example's
 generated random head through the engine's own probe.
 
-Engines run one at a time (each launch costs about 35 s of two cores): the CLI's four (the refused synthetic point,
-the baseline, one per drafter), then the good drafter's, which also serves the MLA + MoE target test that the
-end-to-end module ran on an engine of its own."""
+The measurement is paired (`--paired`: the baseline engine stays up, frozen while idle, and every round of a point
+follows a round of it), and so is the good drafter's comparison with it: on a shared host (CI runs three workers on
+two cores) throughput drifts between minutes more than speculation changes it, and a pair's two rounds share the
+drift. Engines start one at a time (each launch costs about 35 s of two cores): the CLI's four (the refused
+synthetic point, the baseline, one per drafter), then the good drafter's, which also serves the MLA + MoE target
+test that the end-to-end module ran on an engine of its own, then a baseline for its pairs."""
 from __future__ import annotations
 
 import json
@@ -22,7 +25,7 @@ import pytest
 import yaml
 
 from specdeploy.speculation import surface as S
-from specdeploy.speculation.gate import load_prompts, model_name, run_level
+from specdeploy.speculation.gate import load_prompts, run_level
 from specdeploy.speculation.schedule import report as schedule_report
 from specdeploy.testing import rated, realengine, realrun, tinymodels
 
@@ -55,7 +58,7 @@ def measured(kimi, tmp_path_factory):
     drafters = {r: rated.drafter("kimi_k2", r) for r in RATES}
     argv = [sys.executable, "-m", "specdeploy.cli", "breakeven", "--measure", "-i", str(d / "hosts.yml"), "--host",
             "realhost", "--k", "1", "--acceptance-lengths", "2", "--concurrency", ",".join(map(str, LOADS)),
-            "--requests", str(REQUESTS), "--max-tokens", str(MAX_TOKENS), "--out", str(d / "surface")]
+            "--requests", str(REQUESTS), "--max-tokens", str(MAX_TOKENS), "--paired", "--out", str(d / "surface")]
     for r, path in drafters.items():
         argv += ["--drafter", f"{rated.expected_al(path, MAX_TOKENS):.4f}@{path}"]
     t0 = time.monotonic()
@@ -85,7 +88,7 @@ def test_asked_for_the_synthetic_method_the_cpu_build_is_reported_with_the_fallb
 def test_controlled_drafters_measure_the_surface_of_a_tiny_moe_target(measured):
     p, s, d, drafters = measured
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    assert s["method"] == "synthetic" and s["release"] == "0.32.0" and s["engine"] == "vllm"
+    assert s["method"] == "synthetic" and s["release"] == "0.32.0" and s["engine"] == "vllm" and s["paired"]
     assert set(s["baseline"]["levels"]) == {str(c) for c in LOADS}
     pts = {(pt["drafter"], pt["concurrency"]): pt for pt in s["points"]}
     assert len(pts) == len(RATES) * len(LOADS)
@@ -93,7 +96,8 @@ def test_controlled_drafters_measure_the_surface_of_a_tiny_moe_target(measured):
         want = rated.expected_al(path, MAX_TOKENS)
         for c in LOADS:
             pt = pts[(path.name, c)]
-            assert pt["errors"] == 0 and len(pt["rounds_tps"]) == 4 and pt["aa"] is not None
+            assert pt["errors"] == 0 and len(pt["rounds_tps"]) == 4 and pt["aa"] is not None and pt["paired"]
+            assert len(pt["baseline_rounds_tps"]) == 4  # each round right after a round of the baseline
             # requested and measured acceptance agree, round by round
             assert pt["al_agrees"], pt
             assert pt["al_measured"] == pytest.approx(1 + rate, abs=0.03)
@@ -124,23 +128,47 @@ def good(kimi, measured, tmp_path_factory):
     eng.stop()
 
 
-def test_the_good_drafters_speedup_lies_inside_the_surfaces_interval_at_its_al(measured, good):
+@pytest.fixture(scope="module")
+def baseline(kimi, good, tmp_path_factory):
+    """The target without speculation, as the measurement's baseline ran (the CPU build's environment for a host
+    with drafters), kept up frozen: the good drafter's rounds alternate with its rounds."""
+    eng = realrun.serve(realrun.host_vars(kimi, None, drafters=True), tmp_path_factory.mktemp("baseline"))
+    eng.freeze()
+    yield eng
+    eng.stop()
+
+
+def test_the_good_drafters_speedup_lies_inside_the_surfaces_interval_at_its_al(measured, good, baseline):
+    """Measured as the surface was (--paired): each round of the good drafter right after a round of the baseline,
+    so the drift of a shared host falls on both. Its interval overlaps the surface's at its AL."""
+    from specdeploy.speculation.gate import ROUNDS
+    from specdeploy.speculation.measure import merge, paired_interval
     _, s, _, _ = measured
-    lv = run_level(good.url, "vllm", model_name(good.url, {}), load_prompts(None), 1, REQUESTS, MAX_TOKENS, {},
-                   extra={"ignore_eos": True})
-    base = s["baseline"]["levels"]["1"]
-    speedup = lv["output_tps"] / base["output_tps"]
+    prompts, per = load_prompts(None), REQUESTS // ROUNDS
+    rounds: dict[str, list[dict]] = {"good": [], "baseline": []}
+    for _ in range(ROUNDS):
+        baseline.thaw()
+        try:
+            rounds["baseline"].append(run_level(baseline.url, "vllm", baseline.served, prompts, 1, per, MAX_TOKENS,
+                                                {}, rounds=1, extra={"ignore_eos": True}))
+        finally:
+            baseline.freeze()
+        rounds["good"].append(run_level(good.url, "vllm", good.served, prompts, 1, per, MAX_TOKENS, {},
+                                        rounds=1, extra={"ignore_eos": True}))
+    lv, bl = merge(rounds["good"]), merge(rounds["baseline"])
     al = lv["acceptance_length"]
-    assert al > 1.9  # the good drafter's first draft token is the target's own next token
+    assert lv["errors"] == bl["errors"] == 0 and al > 1.9  # its first draft token is the target's own next token
+    speedup, (g_lo, g_hi) = paired_interval(lv["rounds_tps"], bl["rounds_tps"])
     lo, hi = S.point_interval_at(s, al, 1, 1)
-    assert lo <= speedup <= hi, (speedup, (lo, hi), al, S.speedup_at(s, al, 1, 1))
+    assert g_lo <= hi and lo <= g_hi, ((speedup, (g_lo, g_hi)), (lo, hi), al, S.speedup_at(s, al, 1, 1))
 
 
 def test_a_kept_band_schedule_is_measured_as_rendered_against_speculation_off(measured, good):
     _, s, _, _ = measured
     kept = {"verdict": "keep", "margin": 0.10, "k": 1, "k_by_batch": SCHEDULE, "reason": "as the gate kept it"}
     base = {"levels_by_concurrency": s["baseline"]["levels"]}
-    rep = schedule_report(kept, good.url, "vllm", base, REQUESTS, MAX_TOKENS)
+    # requested as the surface's baseline was: every request runs to MAX_TOKENS (--measure's ignore_eos)
+    rep = schedule_report(kept, good.url, "vllm", base, REQUESTS, MAX_TOKENS, extra={"ignore_eos": True})
     res = rep["schedule_check"]
     assert res["loads"] == LOADS and rep["k_by_batch_predicted"] == SCHEDULE
     rows = {r["load"]: r for r in res["rows"]}

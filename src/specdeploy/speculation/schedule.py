@@ -135,10 +135,13 @@ def check(bands: list[dict], measured: dict[int, dict], baseline: dict[int, dict
 
 def report(kept: dict, url: str, engine: str, baseline: dict, requests: int | None = None,
                     max_tokens: int = 128, prompts_file: Path | None = None, api_key: str | None = None,
-                    weights: list[float] | None = None, progress=None) -> dict:
+                    weights: list[float] | None = None, progress=None, extra: dict | None = None) -> dict:
     """``kept``'s band schedule measured as the engine at ``url`` serves it (rendered): at each band's load and both
-    sides of each threshold, against ``baseline`` at the same loads (speculation/schedule.py). Returns ``kept``
-    with ``schedule_check`` and the verdict and bands after it."""
+    sides of each threshold, against ``baseline`` at the same loads (speculation/schedule.py). ``extra``: more
+    fields of each request's body, as the baseline's requests had them (``ignore_eos`` against a surface's
+    baseline, whose requests all run to ``max_tokens``: requests that end at different lengths leave a load-2 level
+    at one running request for part of the time). Returns ``kept`` with ``schedule_check`` and the verdict and
+    bands after it."""
     bands = kept.get("k_by_batch") or []
     if kept.get("verdict") not in ("keep", "reduce-k") or len(bands) < 2:
         raise SpecdeployError([Finding("error", "--schedule", "the report keeps no band schedule (a verdict of keep "
@@ -159,7 +162,7 @@ def report(kept: dict, url: str, engine: str, baseline: dict, requests: int | No
         n = requests or max(4 * c, 16)
         if progress:
             progress(c, n)
-        measured[c] = run_level(url, engine, model, prompts, c, n, max_tokens, headers)
+        measured[c] = run_level(url, engine, model, prompts, c, n, max_tokens, headers, extra=extra)
     res = check(bands, measured, have, float(kept.get("margin", 0.10)), weights)
     out = {**kept, "timestamp": time.time(), "schedule_check": res, "k_by_batch_predicted": bands}
     if res["verdict"] == "disable":

@@ -228,6 +228,7 @@ class Engine:
     def stop(self, timeout: float = 120) -> int:
         """``systemctl stop``: SIGTERM to every process of the unit, SIGKILL to what is left at TimeoutStopSec."""
         if self._reap() is None:
+            self.thaw()  # a frozen engine would not see its SIGTERM
             self._signal_group(signal.SIGTERM)
             if self.wait_exit(timeout) is None:
                 self._signal_group(signal.SIGKILL)
@@ -243,6 +244,14 @@ class Engine:
         self._cleanup_group(timeout)
         self._close()
         return self.returncode
+
+    def freeze(self):
+        """SIGSTOP to every process of the engine: an idle engine still polls its queue and takes CPU from the one
+        measured beside it (a paired measurement's idle side)."""
+        self._signal_group(signal.SIGSTOP)
+
+    def thaw(self):
+        self._signal_group(signal.SIGCONT)
 
     def _signal_group(self, sig):
         try:
