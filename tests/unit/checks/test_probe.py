@@ -110,12 +110,38 @@ def test_016_reports_the_seeds_whitelist_and_supports_eagle3_for_kimi(tmp_path):
     assert took < 180, took
 
 
+# The single pairs the tests below probe on 0.32.0, in one engine process as `run_cases` takes them (each process
+# imports vLLM before its first pair: most of a one-pair probe's time). The 0.16.0 pairs go through `probe` itself.
+CASES_032 = ("good@llama", "nbf-top-no-tensor@llama", "model-prefix@llama", "arch-qwen3@llama", "good@mixtral",
+             "no-aux@mixtral")
+
+
+@pytest.fixture(scope="module")
+def probed_032(tmp_path_factory):
+    from specdeploy.checks.probe import TIMEOUT_S, python_of
+    root = tmp_path_factory.mktemp("probe-032")
+    cases = []
+    for name in CASES_032:
+        t, d = _pair(root / name, name)
+        cases.append({"id": name, "target": str(t.resolve()), "drafter": str(d.resolve()), "method": "eagle3",
+                      "trust_remote_code": False})
+    run = run_cases("vllm", "0.32.0", cases, python_of(None, _venv("0.32.0")), TIMEOUT_S)
+    assert run.ran and run.version.startswith("0.32.0"), run.why
+    assert set(run.cases) == set(CASES_032), sorted(run.cases)
+    return run
+
+
+def _probed(run, name: str, version: str = "0.32.0") -> tuple[dict, list, dict]:
+    """(the engine's answer for one pair, every finding the controller reads from it, the errors by subject)."""
+    c = run.cases[name]
+    findings = case_findings(c, "vllm", version)
+    return c, findings, {f.subject: f for f in findings if f.severity == "error"}
+
+
 @realengine
-def test_032_accepts_a_llama_target_with_a_good_drafter(tmp_path):
-    t, d = _pair(tmp_path, "good@llama")
-    rep, run = probe(t, d, "vllm", "0.32.0", venv=_venv("0.32.0"))
-    assert run.ran and rep.ok, [f.line() for f in rep.findings]
-    raw = run.cases["probe"]
+def test_032_accepts_a_llama_target_with_a_good_drafter(probed_032):
+    raw, findings, errs = _probed(probed_032, "good@llama")
+    assert not errs, [f.line() for f in findings]
     assert raw["supports_eagle3"] and raw["aux_layers"] == [2, 4, 5]
     assert raw["load"]["missing"] == [] and raw["load"]["rejected"] == []
 
@@ -131,23 +157,25 @@ def test_032_accepts_a_llama_target_with_a_good_drafter(tmp_path):
     # a head on Qwen3 layers builds q_norm/k_norm, which a Llama-flattened checkpoint lacks
     ("0.32.0", "arch-qwen3@llama", "missing tensors", "q_norm"),
 ])
-def test_tensor_name_mismatch_as_the_engine_sees_it(tmp_path, version, name, subject, word):
-    t, d = _pair(tmp_path, name)
-    rep, run = probe(t, d, "vllm", version, venv=_venv(version))
-    errs = _errors(rep)
-    assert run.ran and subject in errs and word in errs[subject].message, [f.line() for f in rep.findings]
+def test_tensor_name_mismatch_as_the_engine_sees_it(tmp_path, request, version, name, subject, word):
+    if version == "0.32.0":
+        _, findings, errs = _probed(request.getfixturevalue("probed_032"), name)
+    else:
+        t, d = _pair(tmp_path, name)
+        rep, run = probe(t, d, "vllm", version, venv=_venv(version))
+        assert run.ran, run.why
+        findings, errs = rep.findings, _errors(rep)
+    assert subject in errs and word in errs[subject].message, [f.line() for f in findings]
 
 
 @realengine
-def test_a_target_class_without_eagle3_support(tmp_path):
-    t, d = _pair(tmp_path, "good@mixtral")
-    rep, _ = probe(t, d, "vllm", "0.32.0", venv=_venv("0.32.0"))
-    assert set(_errors(rep)) == {"SupportsEagle3"}
-    assert "MixtralForCausalLM does not implement SupportsEagle3" in _errors(rep)["SupportsEagle3"].message
+def test_a_target_class_without_eagle3_support(probed_032):
+    _, _, errs = _probed(probed_032, "good@mixtral")
+    assert set(errs) == {"SupportsEagle3"}
+    assert "MixtralForCausalLM does not implement SupportsEagle3" in errs["SupportsEagle3"].message
     # a drafter that asks for no aux states: the runner never checks the interface
-    t, d = _pair(tmp_path, "no-aux@mixtral")
-    rep, _ = probe(t, d, "vllm", "0.32.0", venv=_venv("0.32.0"))
-    assert rep.ok, [f.line() for f in rep.findings]
+    _, findings, errs = _probed(probed_032, "no-aux@mixtral")
+    assert not errs, [f.line() for f in findings]
 
 
 @realengine
