@@ -10,9 +10,10 @@ import subprocess
 
 import pytest
 
-from helpers import REPO, sandbox_fleet
+from helpers import REPO
 
-pytestmark = [pytest.mark.sandbox(fleet="b"), pytest.mark.skipif(
+# fleet a (one host, before test_sandbox_e2e brings its two up): fleet b's modules are the suite's longest chain
+pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
     reason="needs root and systemd-nspawn (CI runs as root; scripts/setup.sh installs systemd-container)")]
 
@@ -20,11 +21,10 @@ pytestmark = [pytest.mark.sandbox(fleet="b"), pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def inv(tmp_path_factory):
     from specdeploy.testing import sandbox
-    with sandbox_fleet("b") as first:
-        sandbox.down()
-        hosts = sandbox.up(1, first=first)
-        yield sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm"), hosts[0]
-        sandbox.down()
+    sandbox.down()
+    hosts = sandbox.up(1)
+    yield sandbox.write_inventory(hosts, tmp_path_factory.mktemp("inv") / "sandbox", "vllm"), hosts[0]
+    sandbox.down()
 
 
 def ssh(addr: str, cmd: str) -> subprocess.CompletedProcess:
