@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from specdeploy.speculation import surface as S
-from specdeploy.speculation.gate import load_prompts, run_level
+from specdeploy.speculation.gate import load_prompts
 from specdeploy.speculation.schedule import report as schedule_report
 from specdeploy.testing import rated, realengine, realrun, tinymodels
 
@@ -141,21 +141,11 @@ def baseline(kimi, good, tmp_path_factory):
 def test_the_good_drafters_speedup_lies_inside_the_surfaces_interval_at_its_al(measured, good, baseline):
     """Measured as the surface was (--paired): each round of the good drafter right after a round of the baseline,
     so the drift of a shared host falls on both. Its interval overlaps the surface's at its AL."""
-    from specdeploy.speculation.gate import ROUNDS
-    from specdeploy.speculation.measure import merge, paired_interval
+    from specdeploy.speculation.measure import merge, paired_interval, paired_rounds
     _, s, _, _ = measured
-    prompts, per = load_prompts(None), REQUESTS // ROUNDS
-    rounds: dict[str, list[dict]] = {"good": [], "baseline": []}
-    for _ in range(ROUNDS):
-        baseline.thaw()
-        try:
-            rounds["baseline"].append(run_level(baseline.url, "vllm", baseline.served, prompts, 1, per, MAX_TOKENS,
-                                                {}, rounds=1, extra={"ignore_eos": True}))
-        finally:
-            baseline.freeze()
-        rounds["good"].append(run_level(good.url, "vllm", good.served, prompts, 1, per, MAX_TOKENS, {},
-                                        rounds=1, extra={"ignore_eos": True}))
-    lv, bl = merge(rounds["good"]), merge(rounds["baseline"])
+    pp, bp = paired_rounds(baseline, baseline.served, good.url, good.served, "vllm", load_prompts(None), 1, REQUESTS,
+                           MAX_TOKENS, {"ignore_eos": True})
+    lv, bl = merge(pp), merge(bp)
     al = lv["acceptance_length"]
     assert lv["errors"] == bl["errors"] == 0 and al > 1.9  # its first draft token is the target's own next token
     speedup, (g_lo, g_hi) = paired_interval(lv["rounds_tps"], bl["rounds_tps"])

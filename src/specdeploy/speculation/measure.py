@@ -203,22 +203,31 @@ class _Session:
         return levels, bases, log, failure
 
     def _paired(self, eng: Launched, model: str, prompts, c: int, n: int) -> tuple[dict, dict]:
-        from specdeploy.speculation.gate import ROUNDS
-        rounds = max(1, min(ROUNDS, n // c))
-        per = max(c, n // rounds)
-        bmodel = self.base_model
-        pp, bp = [], []
-        for _ in range(rounds):
-            self.base.thaw()
-            try:
-                bp.append(run_level(self.base.url, self.plan.engine, bmodel, prompts, c, per, self.plan.max_tokens,
-                                    {}, rounds=1, extra=self.plan.extra))
-            finally:
-                self.base.freeze()
-            pp.append(run_level(eng.url, self.plan.engine, model, prompts, c, per, self.plan.max_tokens, {},
-                                rounds=1, extra=self.plan.extra))
+        pp, bp = paired_rounds(self.base, self.base_model, eng.url, model, self.plan.engine, prompts, c, n,
+                               self.plan.max_tokens, self.plan.extra)
         self.base_parts.setdefault(c, []).extend(bp)
         return merge(pp), merge(bp)
+
+
+def paired_rounds(base, base_model: str, url: str, model: str, engine: str, prompts, c: int, n: int,
+                  max_tokens: int, extra: dict | None = None) -> tuple[list[dict], list[dict]]:
+    """One level of the engine at ``url`` measured in pairs with ``base`` (anything with ``url``, ``freeze`` and
+    ``thaw``; frozen while idle): the gate's rounds, each a round of the baseline (thawed for it) right before a
+    round of the engine. (the engine's rounds, the baseline's rounds), for :func:`merge` and
+    :func:`paired_interval`."""
+    from specdeploy.speculation.gate import ROUNDS
+    rounds = max(1, min(ROUNDS, n // c))
+    per = max(c, n // rounds)
+    pp, bp = [], []
+    for _ in range(rounds):
+        base.thaw()
+        try:
+            bp.append(run_level(base.url, engine, base_model, prompts, c, per, max_tokens, {}, rounds=1,
+                                extra=extra))
+        finally:
+            base.freeze()
+        pp.append(run_level(url, engine, model, prompts, c, per, max_tokens, {}, rounds=1, extra=extra))
+    return pp, bp
 
 
 def _point(plan: Plan, lv: dict, base: dict | None, k: int, al_req: float | None, drafter: str | None,
