@@ -28,8 +28,8 @@ def _pair(tmp_path: Path, name: str) -> tuple[Path, Path]:
     return dv.write_variant(tmp_path, v)
 
 
-def _errors(rep) -> dict:
-    return {f.subject: f for f in rep.findings if f.severity == "error"}
+def _errors(findings) -> dict:
+    return {f.subject: f for f in findings if f.severity == "error"}
 
 
 # --- anywhere ---------------------------------------------------------------------------------------------
@@ -100,7 +100,7 @@ def test_016_reports_the_seeds_whitelist_and_supports_eagle3_for_kimi(tmp_path):
     t0 = time.monotonic()
     rep, run = probe(t, d, "vllm", "0.16.0", venv=_venv("0.16.0"), trust_remote_code=True)
     took = time.monotonic() - t0
-    errs = _errors(rep)
+    errs = _errors(rep.findings)
     assert run.ran and run.version.startswith("0.16.0")
     assert "Eagle3 is only supported for ['llama', 'qwen'" in errs["eagle3 target whitelist"].message
     assert "kimi_k2" in errs["eagle3 target whitelist"].message
@@ -135,7 +135,7 @@ def _probed(run, name: str, version: str = "0.32.0") -> tuple[dict, list, dict]:
     """(the engine's answer for one pair, every finding the controller reads from it, the errors by subject)."""
     c = run.cases[name]
     findings = case_findings(c, "vllm", version)
-    return c, findings, {f.subject: f for f in findings if f.severity == "error"}
+    return c, findings, _errors(findings)
 
 
 @realengine
@@ -164,7 +164,7 @@ def test_tensor_name_mismatch_as_the_engine_sees_it(tmp_path, request, version, 
         t, d = _pair(tmp_path, name)
         rep, run = probe(t, d, "vllm", version, venv=_venv(version))
         assert run.ran, run.why
-        findings, errs = rep.findings, _errors(rep)
+        findings, errs = rep.findings, _errors(rep.findings)
     assert subject in errs and word in errs[subject].message, [f.line() for f in findings]
 
 
