@@ -156,5 +156,14 @@ def test_a_killed_daemon_stops_its_engine_fast_with_the_cause_named(inv):
     assert stopped < 30, f"the engine still served {stopped:.0f} s after its daemon was killed"
     r = json.loads(ssh(ADDR, f"/opt/specdeploy/venv/bin/specdeploy triage --journal {ENGINE}.service --json"))
     assert r["signature"] == "bound-unit-stopped" and DAEMON in r["root_cause"], r
-    assert "specdeploy_weight_cache_up 0.0" in metrics()
+    # both stay down until the next deploy: no restart of the engine that would pull the daemon into a full load
+    # (the engine's ExecStopPost stops it for good when its daemon failed, whichever of the two saw the death first)
+    units = ssh(ADDR, f"systemctl show {ENGINE} {DAEMON} -p Id -p ActiveState -p SubState -p NRestarts")
+    seen = f"{units}\n" + ssh(ADDR, f"journalctl -u {ENGINE} -u {DAEMON} -o short-precise -n 30 --no-pager")
+    show = {u["Id"]: u for u in (dict(x.split("=", 1) for x in b.split()) for b in units.strip().split("\n\n"))}
+    assert show[f"{ENGINE}.service"]["SubState"] == "dead" and show[f"{ENGINE}.service"]["NRestarts"] == "0", seen
+    assert show[f"{DAEMON}.service"]["SubState"] == "failed", seen
+    m = metrics()
+    assert "specdeploy_weight_cache_up 0.0" in m, "\n".join(
+        [x for x in m.splitlines() if x.startswith("specdeploy_weight_cache")] + [seen])
     assert current() == serving  # nothing lost the current release

@@ -144,25 +144,32 @@ def test_plan_command_for_vllm_032_shows_the_daemon(fp8, tmp_path):
 
 
 @pytest.mark.parametrize("state,result,says", [("failed", "signal", True), ("inactive", "success", True),
-                                               ("active", "success", False)])
+                                               ("activating", "success", True), ("active", "success", False)])
 def test_the_engine_says_in_its_journal_that_it_stopped_with_its_daemon(fp8, tmp_path, state, result, says):
     """systemd stops a unit bound to one that died and logs nothing of its own about it: the engine unit's
-    ExecStopPost= writes the line triage reads, run here as systemd would run it (a fake systemctl answering)."""
+    ExecStopPost= writes the line triage reads, run here as systemd would run it (a fake systemctl answering and
+    recording what it is asked). Only a failed daemon also stops the engine for good (no auto-restart that would
+    reload the daemon); a daemon a deploy stops or starts on purpose is never failed, so a deploy's start of the
+    engine is never cancelled."""
     import shlex
 
     from specdeploy.triage import triage_lines
     engine = render_host("h", host(copy=fp8)).files["/etc/systemd/system/specdeploy-vllm.service"]
     line = next(x for x in engine.splitlines() if x.startswith("ExecStopPost="))
-    argv = [a.replace("$$", "$") for a in shlex.split(line.removeprefix("ExecStopPost=-"))]
+    assert line.startswith("ExecStopPost=-+")  # privileged: it may stop a unit
+    argv = [a.replace("$$", "$") for a in shlex.split(line.removeprefix("ExecStopPost=-+"))]
     assert argv[:2] == ["/bin/sh", "-c"]
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "systemctl").write_text(f"#!/bin/sh\ncase \"$1\" in is-active) echo {state};; show) echo {result};; "
-                                    "esac\n")
+    calls = tmp_path / "calls"
+    (fake / "systemctl").write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n"
+                                    f"case \"$1\" in is-active) echo {state};; show) echo {result};; esac\n")
     (fake / "systemctl").chmod(0o755)
     out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True,
                          env={"PATH": f"{fake}:/usr/bin:/bin"}).stdout
     assert bool(out.strip()) == says, out
+    stops = [c for c in calls.read_text().splitlines() if c.startswith("stop")]
+    assert stops == (["stop --no-block specdeploy-vllm.service"] if state == "failed" else []), stops
     if says:
         journal = ["Stopping specdeploy-vllm.service - specdeploy vllm 0.32.0 inference engine...",
                    "INFO:     Shutting down", "INFO:     Application shutdown complete.", *out.splitlines(),

@@ -107,11 +107,19 @@ STOPPED_WITH = "specdeploy: this engine stopped with its weight-cache daemon"
 
 
 def stop_post(engine: str) -> list[str]:
-    """The engine unit's ExecStopPost= where it is bound to a daemon: one journal line naming the daemon and its
-    state when the engine stops while the daemon is not active. systemd stops a unit bound to one that died without a
-    line of its own (its retroactive stop logs nothing), so without this the engine's journal would show only a
-    stop nobody asked for; triage reads this line (the signature ``bound-unit-stopped``)."""
-    d = unit_name("weight_cache", engine)
-    script = (f's=$(systemctl is-active {d}); [ "$s" = active ] || echo "{STOPPED_WITH} {d}, which is $s '
-              f'(result: $(systemctl show -p Result --value {d}))"')
+    """The engine unit's ExecStopPost= where it is bound to a daemon (run with full privileges, ``+``): one journal
+    line naming the daemon and its state when the engine stops while the daemon is not active. systemd stops a unit
+    bound to one that died without a line of its own (its retroactive stop logs nothing), so without this the
+    engine's journal would show only a stop nobody asked for; triage reads this line (the signature
+    ``bound-unit-stopped``).
+
+    Where the daemon failed (killed, crashed), the engine is stopped for good, as the daemon is: the next deploy
+    (or starting the engine) reloads both. Without that, an engine whose own watchdog killed it before systemd's
+    bound stop ran would come back after RestartSec= and pull the daemon into a full load nobody asked for, while
+    the same failure seen first by systemd leaves both down: which one happened would be a race. A daemon stopped
+    on purpose (a deploy restarting it) is never failed, so this stop never races a deploy's start."""
+    d, e = unit_name("weight_cache", engine), unit_name("engine", engine)
+    script = (f's=$(systemctl is-active {d}); [ "$s" = active ] && exit 0; '
+              f'echo "{STOPPED_WITH} {d}, which is $s (result: $(systemctl show -p Result --value {d}))"; '
+              f'if [ "$s" = failed ]; then systemctl stop --no-block {e}; fi')
     return ["/bin/sh", "-c", script]
