@@ -9,7 +9,7 @@ from specdeploy.values.hostpaths import host_path, unit_name
 
 # The stdlib-only scripts a role runs on a host with the host's own python3 (fed on stdin: nothing needs to be
 # installed there first, and nothing is left behind).
-HOST_SCRIPTS = ("staging", "converged", "pagecache")
+HOST_SCRIPTS = ("staging", "converged", "pagecache", "files")
 
 
 def host_facts(hv) -> dict:
@@ -37,8 +37,8 @@ def host_script(name: str, args: list[str]) -> dict:
     controller path of the script to feed it."""
     if name not in HOST_SCRIPTS:
         raise KeyError(f"no host script {name!r}; known: {', '.join(HOST_SCRIPTS)}")
-    from specdeploy.hostscripts import converged, pagecache, staging
-    module = {"staging": staging, "converged": converged, "pagecache": pagecache}[name]
+    from specdeploy.hostscripts import converged, files, pagecache, staging
+    module = {"staging": staging, "converged": converged, "pagecache": pagecache, "files": files}[name]
     return {"argv": ["-", *args], "script": module.__file__}
 
 

@@ -19,9 +19,9 @@ CONTROLLER = ("localhost", "127.0.0.1", "::1")
 
 
 def _scripts() -> dict[str, str]:
-    from specdeploy.hostscripts import converged, staging
+    from specdeploy.hostscripts import converged, files, staging
     out = {}
-    for mod in (converged, staging):
+    for mod in (converged, staging, files):
         out[sha1(Path(mod.__file__).read_text())] = Path(mod.__file__).stem
     return out
 
@@ -77,6 +77,8 @@ def answer(host: FleetHost, argv: list[str], stdin: str, shell: bool) -> tuple[i
             return converged(host, argv[2:])
         if script == "staging":
             return staging(host, argv[2:])
+        if script == "files":
+            return files(host, argv[2:])
         return 127, "", "fleetsim: a script on stdin that is not one of specdeploy's host scripts", False
     if argv[0].endswith("python3") and len(argv) > 2 and argv[1] == "-c" and "platform" in argv[2]:
         return 0, HOST_PYTHON + "\n", "", True
@@ -170,6 +172,31 @@ def staging(host: FleetHost, argv: list[str]) -> tuple[int, str, str, bool]:
         host.link(link, target)
         return 0, json.dumps({"changed": prev != target, "previous": prev, "target": target}), "", True
     return 2, "", f"fleetsim: staging {action} is not simulated (a controller or shared weight source)", False
+
+
+def files(host: FleetHost, argv: list[str]) -> tuple[int, str, str, bool]:
+    """hostscripts/files.py on the host's state: ``dirs`` makes each directory or puts its mode and owner back
+    (what would change under --check), ``read`` gives each file's text ("" where absent)."""
+    from specdeploy.testing.fleethost import _attrs
+    if argv[:1] == ["read"]:
+        return 0, json.dumps({p: host.read(p) or "" for p in argv[1:]}), "", False
+    if argv[:1] != ["dirs"]:
+        return 2, "", "files: dirs or read", False
+    check, changed = "--check" in argv, []
+    for spec in (a for a in argv[1:] if a != "--check"):
+        path, mode, owner = spec.rsplit(":", 2)
+        e = host.get(path)
+        if e is not None and e["t"] != "d":
+            return 1, "", f"specdeploy host files: {path} is there and is not a directory", False
+        if e is None:
+            changed.append(path)
+            if not check:
+                host.mkdirs(path, mode, owner)
+        elif e["mode"] != mode or e["owner"] != owner:
+            changed.append(path)
+            if not check:
+                _attrs(e, mode, owner)
+    return 0, json.dumps({"changed": changed}), "", bool(changed)
 
 
 # ---------------------------------------------------------------- specdeploy on the host
