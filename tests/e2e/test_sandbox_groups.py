@@ -1,7 +1,7 @@
 """Serving groups end to end on 4 real sandbox hosts: two groups of two (specdeploy_group), each one model
-instance across its hosts. Cross-host tensor parallelism deploys, then DP attention + EP by changing one
-variable; a rolling deploy moves group by group behind the router with no failed request, and a batch that would
-split a group is refused before anything changes; a follower rank that crashes on load fails its group within a
+instance across its hosts. Cross-host tensor parallelism deploys; a batch that would split a group is refused
+before anything changes; DP attention + EP by changing one variable rolls out group by group behind the router
+with no failed request; a follower rank that crashes on load fails its group within a
 minute, the root cause comes from that rank's journal, and that group rolls back while the other serves.
 
 The engines are the simulator playing each rank (testing/simulator.py: the leader serves once its ranks joined
@@ -148,15 +148,6 @@ def test_preflight_hosts_checks_each_follower_reaches_its_leaders_rendezvous(inv
     assert chat(f"http://{ADDR[H1]}:8000")["choices"]  # the check's connection did not disturb the group
 
 
-def test_the_same_groups_switch_to_dp_attention_and_expert_parallelism_by_one_variable(inv):
-    rc, out, _ = play(inv, "specdeploy_topology=dp_ep")
-    assert rc == 0, out[-4000:]
-    _serves_as_groups("--enable-expert-parallel")
-    for lead, follow in zip(LEADERS, FOLLOWERS):
-        assert "--data-parallel-size 16 --data-parallel-size-local 8" in _argv(follow)
-        assert "--data-parallel-start-rank 8" in _argv(follow) and "--nnodes" not in _argv(follow)
-
-
 def test_a_batch_that_would_split_a_group_is_refused_before_anything_changes(inv):
     before = {h: _argv(h) for h in ADDR}
     rc, out, _ = play(inv, "specdeploy_topology=dp_ep", "specdeploy_serial=1", "specdeploy_spec_num_tokens=5")
@@ -166,7 +157,9 @@ def test_a_batch_that_would_split_a_group_is_refused_before_anything_changes(inv
     assert {h: _argv(h) for h in ADDR} == before
 
 
-def test_rolling_deploy_group_by_group_under_load_fails_no_request(inv):
+def test_the_groups_switch_to_dp_attention_and_expert_parallelism_group_by_group_under_load(inv):
+    """One variable (specdeploy_topology) switches both groups to data-parallel attention with expert parallelism,
+    rolled out a group per batch under load, with a drafter change in the same run: no request fails."""
     with UnderLoad(lambda: chat(ROUTER, timeout=60)) as stats:
         rc, out, _ = play(inv, "specdeploy_topology=dp_ep", "specdeploy_serial=2", "specdeploy_spec_num_tokens=4")
     assert rc == 0, out[-4000:]
@@ -175,6 +168,10 @@ def test_rolling_deploy_group_by_group_under_load_fails_no_request(inv):
     assert stats["ok"] > 50 and stats["failed"] == 0, stats
     for h in ADDR:
         assert '"num_speculative_tokens":4' in _argv(h).replace("\\", "")
+    _serves_as_groups("--enable-expert-parallel")
+    for lead, follow in zip(LEADERS, FOLLOWERS):
+        assert "--data-parallel-size 16 --data-parallel-size-local 8" in _argv(follow)
+        assert "--data-parallel-start-rank 8" in _argv(follow) and "--nnodes" not in _argv(follow)
 
 
 def test_a_follower_crash_fails_its_group_fast_names_the_rank_and_rolls_it_back_while_the_other_serves(inv):
