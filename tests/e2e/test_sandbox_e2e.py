@@ -282,10 +282,11 @@ def test_gate_keeps_speculation_that_pays_then_regates_it_when_acceptance_falls(
         version = re.search(r'specdeploy_engine_info\{[^}]*version="([^"]+)"', m).group(1)
         ssh(H2, f"mkdir -p {SURFACE.rsplit('/', 1)[0]} && cat > {SURFACE}", input=json.dumps(_surface(version)))
 
-        def traffic():
+        def traffic():  # a steady trickle: the exporter's window needs requests, not a saturated CPU
             while not stop.is_set():
                 try:
                     chat(f"http://{H2}:8000")
+                    time.sleep(0.1)
                 except OSError:
                     time.sleep(0.5)
         threading.Thread(target=traffic, daemon=True).start()
