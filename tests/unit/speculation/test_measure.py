@@ -81,10 +81,15 @@ def test_the_sweep_measures_a_baseline_and_each_point_with_the_gates_noise_metho
         assert len(p["rounds_al"]) == 4 and p["al_interval"][0] <= p["al_measured"] <= p["al_interval"][1]
         r = p["roofline_speedup"]
         assert r[0] <= r[1] and p["roofline_needed_al"][0] <= p["roofline_needed_al"][1]
-    # speedup grows with the acceptance length at each load
+    # speedup grows with the acceptance length at each load: the end points (AL 1 and 2, a speedup about twice the
+    # other's) strictly; neighbours only beyond their spread. An unpaired sweep measures each point minutes after the
+    # baseline, so on a busy machine drift between neighbours can exceed their gap (1.22 at AL 1.6 above 1.07 at AL
+    # 2.0 in one CI run); the paired sweep below is the one that removes it.
     for c in (1, 4):
-        sp = [p["speedup"] for p in s["points"] if p["concurrency"] == c]
-        assert sp == sorted(sp), sp
+        pts = sorted((p for p in s["points"] if p["concurrency"] == c), key=lambda p: p["al_requested"])
+        assert pts[0]["speedup"] < pts[-1]["speedup"], [p["speedup"] for p in pts]
+        for a, b in zip(pts, pts[1:]):
+            assert b["speedup_interval"][1] >= a["speedup_interval"][0], (a["speedup_interval"], b["speedup_interval"])
     # the AL each band needs: the simulator's step ratio is 1.25, so 1.0x needs about 1.25 and 1.10x about 1.375
     rows = {r["concurrency"]: r for r in s["needed"]}
     assert set(rows) == {1, 4} and rows[1]["from_batch"] == 1 and rows[4]["from_batch"] == 3
