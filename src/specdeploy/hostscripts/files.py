@@ -9,8 +9,9 @@ the host's python3 (standard library only), fed on stdin (``specdeploy_host_scri
                                                    {"changed": [PATH ...]} (under --check what would change)
     python3 - read PATH ...                        prints {PATH: its first 4 KiB as text, "" where absent}
 
-A directory's parents are made (0755, root) where missing; a path that is there and not a directory (or a link)
-is an error that names it, and nothing after it changes.
+A directory's parents are made (0755, root) where missing. A link to a directory is followed, as Ansible's ``file``
+module follows it (a state directory moved to a larger disk and linked back); a path that is there and not a
+directory is an error that names it, and nothing after it changes.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def dirs(specs: list[str], check: bool = False) -> list[str]:
         path, mode, owner = _spec(text)
         uid = pwd.getpwnam(owner).pw_uid
         try:
-            st = os.lstat(path)
+            st = os.stat(path)
         except FileNotFoundError:
             changed.append(path)
             if not check:

@@ -185,7 +185,7 @@ def files(host: FleetHost, argv: list[str]) -> tuple[int, str, str, bool]:
     check, changed = "--check" in argv, []
     for spec in (a for a in argv[1:] if a != "--check"):
         path, mode, owner = spec.rsplit(":", 2)
-        e = host.get(path)
+        e = host.get(host.resolve(path))  # a link to a directory is followed, as on a host
         if e is not None and e["t"] != "d":
             return 1, "", f"specdeploy host files: {path} is there and is not a directory", False
         if e is None:

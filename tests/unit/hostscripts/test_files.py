@@ -35,6 +35,14 @@ def test_directories_are_made_then_left_alone_and_drift_is_put_back(tmp_path):
     assert stat.S_IMODE(b.stat().st_mode) == 0o700
 
 
+def test_a_link_to_a_directory_is_followed_as_the_file_module_follows_it(tmp_path):
+    (tmp_path / "big-disk").mkdir(mode=0o700)
+    (tmp_path / "state").symlink_to(tmp_path / "big-disk")
+    r = run("dirs", f"{tmp_path / 'state'}:0755:{ME}")
+    assert r.returncode == 0 and json.loads(r.stdout) == {"changed": [str(tmp_path / "state")]}, r.stderr
+    assert (tmp_path / "state").is_symlink() and stat.S_IMODE((tmp_path / "big-disk").stat().st_mode) == 0o755
+
+
 def test_check_changes_nothing_on_a_bare_host(tmp_path):
     r = run("dirs", "--check", f"{tmp_path / 'x' / 'y'}:0755:{ME}")
     assert json.loads(r.stdout) == {"changed": [str(tmp_path / "x" / "y")]}
