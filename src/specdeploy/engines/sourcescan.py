@@ -3,6 +3,7 @@ literals, string constants. The adapters' ``facts_from_source`` use these."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 from pathlib import Path
 
@@ -25,20 +26,24 @@ def strings(node) -> list[str]:
     return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
 
 
-def _modules(models_dir: Path):
-    """(file, parsed module) for every model file that parses."""
-    for f in sorted(models_dir.glob("*.py")):
-        try:
-            yield f, ast.parse(f.read_text(errors="replace"))
-        except SyntaxError:
-            continue
+# One model file's summary per content: successive releases share most model files, and the contract tests read
+# every release's models directory in one process. Keyed by the file's bytes (a digest), bounded in entries.
+_SUMMARIES: dict[bytes, tuple[dict, dict] | None] = {}
+MAX_SUMMARIES = 8192
 
 
-def model_classes(models_dir: Path) -> dict[str, dict[str, tuple[list[str], set[str], set[str]]]]:
-    """module name -> class name -> (base names, method names, class attribute names) for every model file."""
-    out = {}
-    for f, tree in _modules(models_dir):
-        classes = {}
+def _summary(data: bytes) -> tuple[dict, dict] | None:
+    """(class name -> (base names, method names, class attribute names), EntryClass name -> True) of one model
+    file's top level; None when it does not parse."""
+    key = hashlib.blake2b(data, digest_size=20).digest()
+    if key in _SUMMARIES:
+        return _SUMMARIES[key]
+    try:
+        tree = ast.parse(data.decode(errors="replace"))
+    except SyntaxError:
+        out = None
+    else:
+        classes, entries = {}, {}
         for node in tree.body:
             if isinstance(node, ast.ClassDef):
                 bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
@@ -49,8 +54,28 @@ def model_classes(models_dir: Path) -> dict[str, dict[str, tuple[list[str], set[
                 attrs |= {s.target.id for s in node.body if isinstance(s, ast.AnnAssign)
                           and isinstance(s.target, ast.Name)}
                 classes[node.name] = (bases, methods, attrs)
-        out[f.stem] = classes
+            elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EntryClass"
+                                                      for t in node.targets):
+                vals = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
+                entries.update({v.id: True for v in vals if isinstance(v, ast.Name)})
+        out = (classes, entries)
+    if len(_SUMMARIES) >= MAX_SUMMARIES:
+        _SUMMARIES.clear()
+    _SUMMARIES[key] = out
     return out
+
+
+def _modules(models_dir: Path):
+    """(file, its summary) for every model file that parses."""
+    for f in sorted(models_dir.glob("*.py")):
+        summary = _summary(f.read_bytes())
+        if summary is not None:
+            yield f, summary
+
+
+def model_classes(models_dir: Path) -> dict[str, dict[str, tuple[list[str], set[str], set[str]]]]:
+    """module name -> class name -> (base names, method names, class attribute names) for every model file."""
+    return {f.stem: classes for f, (classes, _) in _modules(models_dir)}
 
 
 def implementers(classes: dict, module: str, cls: str, has) -> bool:
@@ -78,12 +103,8 @@ def implementers(classes: dict, module: str, cls: str, has) -> bool:
 def entry_classes(models_dir: Path) -> dict[str, str]:
     """Architecture name -> module for SGLang-style ``EntryClass = X`` / ``EntryClass = [X, Y]``."""
     out = {}
-    for f, tree in _modules(models_dir):
-        for node in tree.body:
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EntryClass"
-                                                    for t in node.targets):
-                vals = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
-                out.update({v.id: f.stem for v in vals if isinstance(v, ast.Name)})
+    for f, (_, entries) in _modules(models_dir):
+        out.update({name: f.stem for name in entries})
     return out
 
 
