@@ -115,7 +115,7 @@ def _seeded(first: int, tmp_path_factory):
     key, _ = sandbox.keypair()
     root = tmp_path_factory.mktemp("readme")
     src = root / "controller"
-    write_model(src / "kimi-k2.5-int4", CONFIG, shards=3, random_bytes=4 << 20, hole_bytes=256 << 20, seed=1)
+    write_model(src / "kimi-k2.5-int4", CONFIG, shards=3, random_bytes=4 << 20, hole_bytes=32 << 20, seed=1)
     # as published: generation_config.json names the end-of-turn token the drafter doctor looks for in d2t
     shutil.copy(REPO / "examples/models/kimi-k2.5-int4/generation_config.json", src / "kimi-k2.5-int4")
     write_drafter(src / "kimi-k2.5-eagle3", drafter_config(eagle_config=None))
