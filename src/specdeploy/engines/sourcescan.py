@@ -28,6 +28,7 @@ def strings(node) -> list[str]:
 
 # One model file's summary per content: successive releases share most model files, and the contract tests read
 # every release's models directory in one process. Keyed by the file's bytes (a digest), bounded in entries.
+# A summary is shared by every caller that reads that content: callers read it and never change it.
 _SUMMARIES: dict[bytes, tuple[dict, dict] | None] = {}
 MAX_SUMMARIES = 8192
 
