@@ -16,7 +16,12 @@ loads them in the process that first templates a filter, keeps them there, and t
 its workers, so each worker (a new process for every host and task) loaded every filter and test plugin file
 again, specdeploy's core with them; loaded once in the controller, every worker inherits them.
 
-``SPECDEPLOY_FORK_FREEZE=0`` turns both off (the control arm of ``bench/fleet_fork.py``)."""
+``SPECDEPLOY_FORK_FREEZE=0`` turns both off (the control arm of ``bench/fleet_fork.py``).
+
+And when the deploy play's forget task (``FORGET_TASK``, the play's last post task) has set a host's spent results
+and facts to null, it removes those names from the host's variables. A null still keeps its name, and the name
+Ansible keeps is the task file's string with its data tags (where in which YAML file it was written): about 330
+bytes for each of about a hundred names per host, which the controller held for every host until the run ended."""
 from __future__ import annotations
 
 import gc
@@ -25,6 +30,8 @@ import os
 from ansible.plugins.callback import CallbackBase
 
 SWITCH = "SPECDEPLOY_FORK_FREEZE"
+FORGET_TASK = "Forget this host's"  # how deploy.yml's forget task's name begins (tests/unit/ansible/test_forget.py)
+SET_FACT = frozenset({"set_fact", "ansible.builtin.set_fact", "ansible.legacy.set_fact"})
 
 
 def enabled(environ=os.environ) -> bool:
@@ -46,6 +53,29 @@ def load_jinja_plugins() -> None:
         next(iter(loader.all()), None)  # all() loads every plugin of its kind on its first call, then reads its cache
 
 
+def drop_forgotten(variable_manager, host: str, names) -> int:
+    """Remove from ``host``'s set_fact variables (and registered results) each of ``names`` whose value is null;
+    a name with another value (set again since) stays. Returns how many it removed."""
+    cache = getattr(variable_manager, "_nonpersistent_fact_cache", None)
+    facts = cache.get(host) if cache is not None else None
+    if not facts:
+        return 0
+    gone = [n for n in names if n in facts and facts[n] is None]
+    for n in gone:
+        del facts[n]
+    return len(gone)
+
+
+def forgets(task) -> list[str]:
+    """The names a forget task sets to null, or none for any other task."""
+    if task is None or getattr(task, "action", None) not in SET_FACT:
+        return []
+    if not str(task.get_name()).startswith(FORGET_TASK):
+        return []
+    args = getattr(task, "args", None) or {}
+    return [str(k) for k, v in args.items() if v is None]
+
+
 class CallbackModule(CallbackBase):
     """Loaded by Ansible from ``ansible/callback_plugins/`` beside the playbooks, for every playbook there, without
     being enabled in ansible.cfg; it prints nothing."""
@@ -60,8 +90,11 @@ class CallbackModule(CallbackBase):
         self.on = enabled()
         self.collections = 0
         self.freezes = 0
+        self.variables = None
+        self.dropped = 0
 
     def v2_playbook_on_play_start(self, play):
+        self.variables = play.get_variable_manager() if play is not None else None
         # Ansible sends this for every play and again for every rolling (serial) batch of a play
         if self.on:
             collect_and_freeze()
@@ -72,6 +105,12 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_handler_task_start(self, task):
         self._before_fork()
+
+    def v2_runner_on_ok(self, result):
+        # Ansible has stored the task's facts for the host before it sends this
+        names = forgets(getattr(result, "task", None))
+        if names and self.variables is not None:
+            self.dropped += drop_forgotten(self.variables, result.host.get_name(), names)
 
     def v2_playbook_on_stats(self, stats):
         if self.on:

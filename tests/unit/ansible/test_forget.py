@@ -14,9 +14,10 @@ import re
 import yaml
 
 from helpers import REPO
+from specdeploy.deploy import forking
 
 ANSIBLE = REPO / "ansible"
-FORGET = "Forget this host's"
+FORGET = forking.FORGET_TASK
 
 
 def _plays():
@@ -83,6 +84,13 @@ def _later_plays(plays, idx) -> list[dict]:
     return out
 
 
+def _through_hostvars(texts) -> str:
+    """What the lines of these texts read through hostvars[...]: each line from its first `hostvars[` on, since
+    `x: "{{ hostvars[inventory_hostname] | f }}"` sets x and does not read another host's x."""
+    return "\n".join(line[line.index("hostvars["):] for text in texts for line in text.splitlines()
+                     if "hostvars[" in line)
+
+
 @functools.cache
 def _core_words() -> frozenset:
     """The core, the playbooks' own plugins and the templates the core renders: code that reads variables by name."""
@@ -112,8 +120,7 @@ def _readers(plays, idx, names) -> dict[str, list[str]]:
         {k: v for k, v in deploy.items() if k not in ("pre_tasks", "roles", "tasks", "post_tasks")})
     deploy_text = [yaml.safe_dump(deploy)] + [f.read_text() for role in _role_closure(_roles_named(deploy))
                                                for f in (ANSIBLE / "roles" / role).rglob("*.yml")]
-    wholesale["hostvars[...] in the deploy play"] = "\n".join(
-        line for text in deploy_text for line in text.splitlines() if "hostvars[" in line)
+    wholesale["hostvars[...] in the deploy play"] = _through_hostvars(deploy_text)
     events = [(f"play '{p.get('name')}'", _play_events(p)) for p in later]
     words = {k: _words(text) for k, text in wholesale.items()}
     words["specdeploy core, plugins or templates (they read hostvars by name)"] = _core_words()
@@ -310,6 +317,15 @@ def test_the_scan_finds_a_reader_where_there_is_one():
     assert any("Router" in r or "router" in r for r in readers["router_worker_url"]), readers
     assert "deploy.yml deploy play keywords" in readers["deploy_rollout"]
     assert any("core" in r for r in readers["deploy_groups"])
+
+
+def test_a_fact_set_from_hostvars_is_not_read_through_hostvars():
+    """A line that sets a fact from this host's hostvars names the fact before `hostvars[`: it is no reader of it
+    (else the facts the roles set that way would stay on the controller for every host, unforgotten)."""
+    text = ('engine_image_host: "{{ hostvars[inventory_hostname] | specdeploy_host(inventory_hostname) }}"\n'
+            "serial: \"{{ hostvars[groups['specdeploy_changing'][0]].deploy_rollout.serial }}\"\n")
+    words = _words(_through_hostvars([text]))
+    assert "deploy_rollout" in words and "engine_image_host" not in words
 
 
 def _events(tasks):

@@ -92,3 +92,61 @@ def test_the_plugin_beside_the_playbooks_is_a_shim():
     assert isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)  # its docstring
     assert [(type(n), n.module, [a.name for a in n.names]) for n in body[1:]] == \
         [(ast.ImportFrom, "specdeploy.deploy.forking", ["CallbackModule"])]
+
+
+def test_a_null_left_by_the_forget_task_is_removed_and_any_other_value_stays():
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.manager import VariableManager
+    vm = VariableManager(loader=DataLoader())
+    vm.set_nonpersistent_facts("gpu-0001", {"plan": None, "kept": 1, "probe": None})
+    vm.set_nonpersistent_facts("gpu-0002", {"plan": None})
+    assert forking.drop_forgotten(vm, "gpu-0001", ["plan", "kept", "probe", "never_set"]) == 2
+    assert vm._nonpersistent_fact_cache["gpu-0001"] == {"kept": 1}
+    assert vm._nonpersistent_fact_cache["gpu-0002"] == {"plan": None}  # another host's stay
+    assert forking.drop_forgotten(vm, "gpu-0003", ["plan"]) == 0
+    assert forking.drop_forgotten(None, "gpu-0001", ["kept"]) == 0
+
+
+def test_only_the_forget_task_forgets():
+    from types import SimpleNamespace
+
+    def task(name, action, args):  # what the callback reads of Ansible's Task (the real one: the test below)
+        return SimpleNamespace(action=action, args=args, get_name=lambda: name)
+    forget = task("Forget this host's results and facts", "ansible.builtin.set_fact", {"a": None, "b": None})
+    assert forking.forgets(forget) == ["a", "b"]
+    assert forking.forgets(task("Forget this host's plan", "set_fact", {"a": None, "c": 1})) == ["a"]
+    assert forking.forgets(task("Clear a plan", "ansible.builtin.set_fact", {"a": None})) == []
+    assert forking.forgets(task("Forget this host's (a debug)", "ansible.builtin.debug", {"msg": None})) == []
+    assert forking.forgets(None) == []
+
+
+def test_after_the_forget_task_a_real_playbook_sees_the_names_undefined(tmp_path):
+    """Ansible stores a task's facts before it calls back: a later task of the same run finds the forgotten
+    names undefined, a fact set again after the forget task defined, and a fact the task did not name untouched."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import REPO
+    book = tmp_path / "book.yml"
+    book.write_text(json.dumps([{
+        "hosts": "all", "gather_facts": False, "tasks": [
+            {"name": "A plan and a probe", "ansible.builtin.set_fact": {"plan": "p", "probe": 1, "other": "o"}},
+            {"name": "A registered result", "ansible.builtin.command": "true", "register": "run",
+             "changed_when": False},
+            {"name": "Forget this host's plan, probe and result", "ansible.builtin.set_fact":
+                {"plan": None, "probe": None, "run": None}},
+            {"name": "The plan again", "ansible.builtin.set_fact": {"plan": "again"}},
+            {"name": "What is defined", "ansible.builtin.copy": {
+                "dest": str(tmp_path / "seen-{{ inventory_hostname }}.json"),
+                "content": "{{ {'plan': plan | default('UNDEFINED'), 'probe': probe is defined,"
+                           " 'run': run is defined, 'other': other} | to_json }}"}},
+        ]}]))
+    env = {**__import__("os").environ, "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "ansible" / "callback_plugins"),
+           "ANSIBLE_PYTHON_INTERPRETER": sys.executable, "ANSIBLE_NOCOLOR": "1"}
+    r = subprocess.run(["ansible-playbook", "-i", "h1,h2,", "-c", "local", str(book)], env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for h in ("h1", "h2"):
+        seen = json.loads((tmp_path / f"seen-{h}.json").read_text())
+        assert seen == {"plan": "again", "probe": False, "run": False, "other": "o"}, (h, seen)
