@@ -91,7 +91,6 @@ class CallbackModule(CallbackBase):
         self.collections = 0
         self.freezes = 0
         self.variables = None
-        self.dropped = 0
 
     def v2_playbook_on_play_start(self, play):
         self.variables = play.get_variable_manager() if play is not None else None
@@ -110,7 +109,7 @@ class CallbackModule(CallbackBase):
         # Ansible has stored the task's facts for the host before it sends this
         names = forgets(getattr(result, "task", None))
         if names and self.variables is not None:
-            self.dropped += drop_forgotten(self.variables, result.host.get_name(), names)
+            drop_forgotten(self.variables, result.host.get_name(), names)
 
     def v2_playbook_on_stats(self, stats):
         if self.on:

@@ -1,14 +1,19 @@
 """The callback that keeps the controller's heap out of its workers' garbage collections
-(specdeploy.deploy.forking): what it freezes, when it collects, and its switch."""
+(specdeploy.deploy.forking): what it freezes, when it collects, its switch, and the names it drops after the
+forget task."""
 from __future__ import annotations
 
 import ast
 import gc
+import json
 import os
+import subprocess
+import sys
 import weakref
 
 import pytest
 
+from helpers import REPO
 from specdeploy.deploy import forking
 
 
@@ -86,7 +91,6 @@ def test_a_plugin_that_cannot_load_still_leaves_the_heap_frozen(monkeypatch):
 
 
 def test_the_plugin_beside_the_playbooks_is_a_shim():
-    from helpers import REPO
     f = REPO / "ansible" / "callback_plugins" / "specdeploy_fork.py"
     body = ast.parse(f.read_text()).body
     assert isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)  # its docstring
@@ -123,11 +127,6 @@ def test_only_the_forget_task_forgets():
 def test_after_the_forget_task_a_real_playbook_sees_the_names_undefined(tmp_path):
     """Ansible stores a task's facts before it calls back: a later task of the same run finds the forgotten
     names undefined, a fact set again after the forget task defined, and a fact the task did not name untouched."""
-    import json
-    import subprocess
-    import sys
-
-    from helpers import REPO
     book = tmp_path / "book.yml"
     book.write_text(json.dumps([{
         "hosts": "all", "gather_facts": False, "tasks": [
@@ -142,7 +141,7 @@ def test_after_the_forget_task_a_real_playbook_sees_the_names_undefined(tmp_path
                 "content": "{{ {'plan': plan | default('UNDEFINED'), 'probe': probe is defined,"
                            " 'run': run is defined, 'other': other} | to_json }}"}},
         ]}]))
-    env = {**__import__("os").environ, "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "ansible" / "callback_plugins"),
+    env = {**os.environ, "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "ansible" / "callback_plugins"),
            "ANSIBLE_PYTHON_INTERPRETER": sys.executable, "ANSIBLE_NOCOLOR": "1"}
     r = subprocess.run(["ansible-playbook", "-i", "h1,h2,", "-c", "local", str(book)], env=env,
                        capture_output=True, text=True, timeout=180)
