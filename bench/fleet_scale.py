@@ -6,6 +6,11 @@ at the sizes in --deploy-sizes, a first deploy and a no-op redeploy through `ans
 Each command's wall time (median of --runs) and time per host; the growth exponent fitted (log-log least squares)
 over the sizes from 64 hosts on; a JSON record and a PNG chart beside it.
 
+The deploys run after the commands, each on a fresh fleet, in a bracketed order: up the sizes and back down
+(64, 256, 64), so that every size's runs centre on one moment and a machine whose speed drifts in a straight line
+during the run (a 64-host deploy here moved by a third within two hours) moves every size alike; a size's figures
+are the mean of its runs, and the record keeps each run and the largest size's neighbours' difference (the drift).
+
     nice -n 10 python3 bench/fleet_scale.py --sizes 8,64,256,1024 --deploy-sizes 8,64 --out bench/fleet_scale
 
 Nothing outside the temporary directory is written; no host is reached (loopback addresses, the test-only
@@ -59,7 +64,7 @@ def fit(points: dict[int, float], start: int = FIT_FROM) -> float | None:
     return sum((x - mx) * (y - my) for x, y in xs) / den if den else None
 
 
-def one_size(n: int, base: Path, runs: int, deploy: bool, timeout: float) -> dict:
+def one_size(n: int, base: Path, runs: int, timeout: float) -> dict:
     inv, state = base / f"n{n}" / "inv", base / f"n{n}" / "state"
     cli = [sys.executable, "-m", "specdeploy.cli"]
     # specdeploy's commands and ansible-inventory run as an operator runs them: without the simulator's connection
@@ -103,16 +108,60 @@ def one_size(n: int, base: Path, runs: int, deploy: bool, timeout: float) -> dic
         out["errors"]["ansible -m ping"] = ping[-1].output[-2000:]
     out["wall_s"] = {k: statistics.median(v) for k, v in samples.items()}
     out["spread_s"] = {k: [min(v), max(v)] for k, v in samples.items()}
-    if deploy:
-        first = fleetsim.playbook(inv, state, timeout=timeout)
-        again = fleetsim.playbook(inv, state, timeout=timeout)
-        out["deploy"] = {
+    shutil.rmtree(base / f"n{n}", ignore_errors=True)
+    return out
+
+
+def bracketed(sizes: list[int]) -> list[int]:
+    """Up the sizes and back down (8, 64, 256 -> 8, 64, 256, 64, 8): every size's runs centre on the same moment."""
+    s = sorted(set(sizes))
+    return s + s[-2::-1]
+
+
+def one_deploy(n: int, base: Path, i: int, timeout: float) -> dict:
+    """A first deploy of a fresh fleet of ``n`` hosts and its no-op redeploy."""
+    inv, state = base / f"d{i}-n{n}" / "inv", base / f"d{i}-n{n}" / "state"
+    fleetsim.write_inventory(inv, state, n)
+    started = time.strftime("%H:%M:%S", time.gmtime())
+    first = fleetsim.playbook(inv, state, timeout=timeout)
+    again = fleetsim.playbook(inv, state, timeout=timeout)
+    shutil.rmtree(base / f"d{i}-n{n}", ignore_errors=True)
+    return {"hosts": n, "started": started,
             "first": {"rc": first.rc, "wall_s": first.wall_s, "cpu_s": first.cpu_s, "changed": first.changed,
                       "failed_hosts": first.failed_hosts, "hosts_in_recap": len(first.recap)},
             "noop": {"rc": again.rc, "wall_s": again.wall_s, "cpu_s": again.cpu_s, "changed": again.changed,
                      "failed_hosts": again.failed_hosts, "hosts_in_recap": len(again.recap)}}
-    shutil.rmtree(base / f"n{n}", ignore_errors=True)
+
+
+def deploy_summary(runs: list[dict]) -> dict:
+    """Per size: the mean of its runs (wall and CPU seconds, and per host), every run's figures, changed and rc."""
+    out = {}
+    for n in sorted({r["hosts"] for r in runs}):
+        mine = [r for r in runs if r["hosts"] == n]
+        out[n] = {}
+        for key in ("first", "noop"):
+            wall = statistics.fmean(r[key]["wall_s"] for r in mine)
+            cpu = statistics.fmean(r[key]["cpu_s"] for r in mine)
+            out[n][key] = {"wall_s": wall, "cpu_s": cpu, "cpu_s_per_host": cpu / n,
+                           "runs_wall_s": [r[key]["wall_s"] for r in mine],
+                           "runs_cpu_s": [r[key]["cpu_s"] for r in mine],
+                           "changed": [r[key]["changed"] for r in mine], "rc": [r[key]["rc"] for r in mine],
+                           "failed_hosts": sorted({h for r in mine for h in r[key]["failed_hosts"]}),
+                           "hosts_in_recap": [r[key]["hosts_in_recap"] for r in mine]}
     return out
+
+
+def deploy_errors(summary: dict) -> list[str]:
+    """What makes the deploy phase a failure: a run that did not pass, a host missing from a recap, a no-op
+    redeploy that changed something."""
+    errs = []
+    for n, d in summary.items():
+        for key in ("first", "noop"):
+            if any(d[key]["rc"]) or any(h != n for h in d[key]["hosts_in_recap"]):
+                errs.append(f"{n} hosts, {key} deploy: rc {d[key]['rc']}, hosts in recap {d[key]['hosts_in_recap']}")
+        if any(d["noop"]["changed"]):
+            errs.append(f"{n} hosts: the no-op redeploy changed {d['noop']['changed']}")
+    return errs
 
 
 def chart(record: dict, path: Path) -> None:
@@ -125,7 +174,7 @@ def chart(record: dict, path: Path) -> None:
         pts = [(r["hosts"], r["wall_s"].get(name)) for r in record["sizes"]]
         if name.startswith("deploy"):
             key = "first" if "first" in name else "noop"
-            pts = [(r["hosts"], r["deploy"][key]["wall_s"]) for r in record["sizes"] if "deploy" in r]
+            pts = [(int(n), d[key]["wall_s"]) for n, d in record.get("deploy", {}).items()]
         pts = [(n, t / n) for n, t in pts if t]
         if pts:
             ax.plot(*zip(*pts), marker="o", label=name)
@@ -133,7 +182,7 @@ def chart(record: dict, path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("hosts")
     ax.set_ylabel("controller wall time per host (s)")
-    ax.set_title("specdeploy at a fleet's size (simulated fleet, one run)")
+    ax.set_title("specdeploy at a fleet's size (simulated fleet; deploys bracketed)")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -153,21 +202,33 @@ def main(argv: list[str] | None = None) -> int:
     deploy_sizes = set(a.sizes if a.deploy_sizes is None else a.deploy_sizes)
     record = {"machine": {"cpus": os.cpu_count(), "load_before": os.getloadavg()}, "sizes": [],
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    runs = []
     with tempfile.TemporaryDirectory(prefix="fleet-scale-") as tmp:
         for n in a.sizes:
-            r = one_size(n, Path(tmp), a.runs, n in deploy_sizes, a.timeout)
+            r = one_size(n, Path(tmp), a.runs, a.timeout)
             r["load_after"] = os.getloadavg()
             record["sizes"].append(r)
             w = r["wall_s"]
             print(f"{n:5d} hosts: " + ", ".join(f"{k} {v:.2f} s" for k, v in w.items())
-                  + (f"; deploy {r['deploy']['first']['wall_s']:.1f} s, no-op {r['deploy']['noop']['wall_s']:.1f} s"
-                     f" changed={r['deploy']['noop']['changed']}" if "deploy" in r else "")
                   + (f"; ERRORS in {sorted(r['errors'])}" if r["errors"] else ""), flush=True)
+        order = bracketed([n for n in a.sizes if n in deploy_sizes])
+        for i, n in enumerate(order):
+            d = one_deploy(n, Path(tmp), i, a.timeout)
+            runs.append(d)
+            first, noop = d["first"], d["noop"]
+            print(f"deploy {i + 1}/{len(order)}, {n} hosts (from {d['started']} UTC): first {first['wall_s']:.1f} s "
+                  f"({first['cpu_s'] / n:.2f} CPU-s per host, rc {first['rc']}), no-op {noop['wall_s']:.1f} s "
+                  f"changed={noop['changed']}", flush=True)
+    record["deploy_order"] = [r["hosts"] for r in runs]
+    record["deploy_runs"] = runs
+    record["deploy"] = deploy_summary(runs)
     names = record["sizes"][0]["wall_s"].keys()
     record["exponent"] = {k: fit({r["hosts"]: r["wall_s"][k] for r in record["sizes"]}) for k in names}
     for key in ("first", "noop"):
-        record["exponent"][f"deploy {key}"] = fit({r["hosts"]: r["deploy"][key]["wall_s"]
-                                                   for r in record["sizes"] if "deploy" in r})
+        record["exponent"][f"deploy {key}"] = fit({n: d[key]["wall_s"] for n, d in record["deploy"].items()})
+        record["exponent"][f"deploy {key} CPU"] = fit({n: d[key]["cpu_s"] for n, d in record["deploy"].items()})
+    errors = deploy_errors(record["deploy"])
+    record["deploy_errors"] = errors
     big = record["sizes"][-1]["wall_s"]
     base = big["ansible-inventory --list"]
     record["ratio_at_largest"] = {k: v / base for k, v in big.items()}
@@ -177,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     print("exponent (64 hosts on):", json.dumps(record["exponent"]))
     print("x ansible-inventory at the largest size:", json.dumps({k: round(v, 2) for k, v in
                                                                  record["ratio_at_largest"].items()}))
-    return 0 if not any(r["errors"] for r in record["sizes"]) else 1
+    for e in errors:
+        print("ERROR:", e)
+    return 0 if not any(r["errors"] for r in record["sizes"]) and not errors else 1
 
 
 if __name__ == "__main__":
