@@ -16,6 +16,16 @@ MODEL = REPO / "examples/models/kimi-k2.5-int4"
 DRAFTER = REPO / "examples/models/kimi-k2.5-eagle3"
 
 
+def bench_module(name: str):
+    """A script under bench/ imported as a module (``bench/NAME.py``), for the tests of its arithmetic."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses and pickling look their module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
 # The sandbox tests run as two fleets at once (conftest: one xdist group each, ``pytest.mark.sandbox(fleet=...)``):
 # each fleet its own state directory and its own host numbers, so neither's up/down touches the other's hosts.
 FLEETS = {"a": 1, "b": 5}  # fleet -> the number of its first host (sdhost1.., sdhost5..)

@@ -2,23 +2,13 @@
 other fleet's; the sampler's snapshot finds this process's tree."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("ci_cpu", REPO / "bench" / "ci_cpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["ci_cpu"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from helpers import bench_module
 
 
 def _sample(t, busy, trees, services=None):
@@ -26,7 +16,7 @@ def _sample(t, busy, trees, services=None):
 
 
 def test_a_sandbox_test_is_charged_with_its_worker_and_its_own_fleet_only():
-    m = _tool()
+    m = bench_module("ci_cpu")
     hz = m.HZ
     samples = [
         _sample(0, 0, {"gw1": 0, "gw2": 0, "host:sdhost1": 0, "host:sdhost5": 0}, {"sdhost1|sshd": 0}),
@@ -49,7 +39,7 @@ def test_a_sandbox_test_is_charged_with_its_worker_and_its_own_fleet_only():
 
 
 def test_the_snapshot_finds_a_worker_started_as_xdist_starts_it():
-    m = _tool()
+    m = bench_module("ci_cpu")
     # a process started the way pytest-xdist starts a worker, with a busy child (its tree)
     w = subprocess.Popen([sys.executable, "-c", "import sys;exec(eval(sys.stdin.readline()))"], stdin=subprocess.PIPE,
                          start_new_session=True)
@@ -70,6 +60,6 @@ def test_the_snapshot_finds_a_worker_started_as_xdist_starts_it():
 
 
 def test_missing_inputs_are_a_clean_error(tmp_path, capsys):
-    m = _tool()
+    m = bench_module("ci_cpu")
     assert m.main(["report", str(tmp_path / "none.jsonl"), str(tmp_path / "none2.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err

@@ -3,27 +3,15 @@ the machine's speed that is linear in time moves every size alike), and a deploy
 changed something on its no-op redeploy fails the report."""
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("fleet_scale", REPO / "bench" / "fleet_scale.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["fleet_scale"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from helpers import bench_module
 
 
 @pytest.mark.parametrize("sizes", [[64, 256], [256, 8, 64], [8, 64, 256, 1024], [64]])
 def test_every_size_centres_on_the_middle_of_the_run(sizes):
-    order = _tool().bracketed(sizes)
+    order = bench_module("fleet_scale").bracketed(sizes)
     assert sorted(set(order)) == sorted(sizes) and order[len(order) // 2] == max(sizes)
     middle = (len(order) - 1) / 2
     for n in sizes:
@@ -38,7 +26,7 @@ def _run(n, first_cpu, changed=0, rc=0, recap=None):
 
 
 def test_a_size_is_the_mean_of_its_runs_and_a_linear_drift_leaves_the_exponent_alone():
-    m = _tool()
+    m = bench_module("fleet_scale")
     # per-host cost 7 CPU-s at every size, on a machine that gets 10% slower with each run
     order = m.bracketed([64, 256])
     runs = [_run(n, 7 * n * (1 + 0.1 * i)) for i, n in enumerate(order)]
@@ -53,7 +41,7 @@ def test_a_size_is_the_mean_of_its_runs_and_a_linear_drift_leaves_the_exponent_a
 
 
 def test_a_failed_deploy_a_lost_host_or_a_change_on_the_noop_is_an_error():
-    m = _tool()
+    m = bench_module("fleet_scale")
     errs = m.deploy_errors(m.deploy_summary([_run(8, 50, rc=2), _run(64, 400, recap=63), _run(64, 400, changed=1)]))
     assert errs == ["8 hosts, first deploy: rc [2], hosts in recap [8]",
                     "64 hosts, first deploy: rc [0, 0], hosts in recap [63, 64]",
