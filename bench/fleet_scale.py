@@ -9,7 +9,7 @@ over the sizes from 64 hosts on; a JSON record and a PNG chart beside it.
 The deploys run after the commands, each on a fresh fleet, in a bracketed order: up the sizes and back down
 (64, 256, 64), so that every size's runs centre on one moment and a machine whose speed drifts in a straight line
 during the run (a 64-host deploy here moved by a third within two hours) moves every size alike; a size's figures
-are the mean of its runs, and the record keeps each run and the largest size's neighbours' difference (the drift).
+are the mean of its runs, and the record keeps each run (a size's runs differ by the drift).
 
     nice -n 10 python3 bench/fleet_scale.py --sizes 8,64,256,1024 --deploy-sizes 8,64 --out bench/fleet_scale
 

@@ -50,9 +50,9 @@ def write_inventory(hosts: list, dest: Path, key: Path, artifacts: Path, base_im
         "specdeploy_spec_method": "eagle3",
         "specdeploy_drafter_path": "/models/kimi-k2.5-eagle3",
         "specdeploy_drafter_controller_path": str(artifacts / "kimi-k2.5-eagle3"),
-        # the sandbox's checkpoints are sparse files, mostly holes: compressed in transit, the 2 GB drafter costs
-        # the controller and a host about a sixth of the CPU (bench/README.md, "The suite's CPU: sparse copies");
-        # real weights do not compress, so the role's default sends them as they are
+        # the sandbox's checkpoints are sparse files, mostly holes: compressed in transit, the 2 GB drafter's copy
+        # costs a sixth of the CPU alone and two thirds inside a deploy (bench/README.md, "The suite's CPU: sparse
+        # copies"); real weights do not compress, so the role's default sends them as they are
         "model_store_rsync_args": ["--compress"],
         "specdeploy_spec_num_tokens": 3,
         "specdeploy_port": 8000,
