@@ -127,11 +127,11 @@ def one_deploy(n: int, base: Path, i: int, timeout: float) -> dict:
     again = fleetsim.playbook(inv, state, timeout=timeout)
     shutil.rmtree(base / f"d{i}-n{n}", ignore_errors=True)
     engines = fleetsim.host_names(n)  # the recap also names the monitoring host
-    return {"hosts": n, "started": started,
-            "first": {"rc": first.rc, "wall_s": first.wall_s, "cpu_s": first.cpu_s, "changed": first.changed,
-                      "failed_hosts": first.failed_hosts, "hosts_in_recap": sum(h in first.recap for h in engines)},
-            "noop": {"rc": again.rc, "wall_s": again.wall_s, "cpu_s": again.cpu_s, "changed": again.changed,
-                     "failed_hosts": again.failed_hosts, "hosts_in_recap": sum(h in again.recap for h in engines)}}
+
+    def figures(run) -> dict:
+        return {"rc": run.rc, "wall_s": run.wall_s, "cpu_s": run.cpu_s, "changed": run.changed,
+                "failed_hosts": run.failed_hosts, "hosts_in_recap": sum(h in run.recap for h in engines)}
+    return {"hosts": n, "started": started, "first": figures(first), "noop": figures(again)}
 
 
 def deploy_summary(runs: list[dict]) -> dict:
